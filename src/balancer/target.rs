@@ -1,0 +1,208 @@
+//! One upstream address: its health, the requests in flight to it, and draining.
+
+use arc_swap::ArcSwap;
+use http::uri::Authority;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Health {
+    /// Not verified yet: a failure keeps it here rather than flapping.
+    Adding = 0,
+    Healthy = 1,
+    Unhealthy = 2,
+}
+
+impl Health {
+    fn from_u8(v: u8) -> Health {
+        match v {
+            1 => Health::Healthy,
+            2 => Health::Unhealthy,
+            _ => Health::Adding,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Health::Adding => "adding",
+            Health::Healthy => "healthy",
+            Health::Unhealthy => "unhealthy",
+        }
+    }
+}
+
+/// Cancellation handles for one drain cycle. Replaced after every drain so a paused and
+/// resumed service starts with fresh ones.
+struct DrainTokens {
+    /// Cancelled when a drain times out: in-flight requests answer 504.
+    requests: CancellationToken,
+    /// Cancelled as soon as a drain starts: upgraded connections (WebSockets) are cut at
+    /// once, as upstream does, because they would otherwise hold every drain to its limit.
+    upgrades: CancellationToken,
+}
+
+impl DrainTokens {
+    fn new() -> Arc<Self> {
+        Arc::new(DrainTokens {
+            requests: CancellationToken::new(),
+            upgrades: CancellationToken::new(),
+        })
+    }
+}
+
+pub struct Target {
+    address: String,
+    authority: Authority,
+    health: AtomicU8,
+    inflight: AtomicUsize,
+    idle: Notify,
+    tokens: ArcSwap<DrainTokens>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target").field("address", &self.address).finish()
+    }
+}
+
+impl Target {
+    /// `address` has already passed `validate_target`; a missing port means 80.
+    pub fn new(address: &str) -> Result<Arc<Target>, String> {
+        let with_port = if address.contains(':') {
+            address.to_string()
+        } else {
+            format!("{address}:80")
+        };
+        let authority: Authority = with_port
+            .parse()
+            .map_err(|_| format!("{address} :invalid host pattern"))?;
+        Ok(Arc::new(Target {
+            address: address.to_string(),
+            authority,
+            health: AtomicU8::new(Health::Adding as u8),
+            inflight: AtomicUsize::new(0),
+            idle: Notify::new(),
+            tokens: ArcSwap::new(DrainTokens::new()),
+        }))
+    }
+
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    pub fn health(&self) -> Health {
+        Health::from_u8(self.health.load(Ordering::Acquire))
+    }
+
+    /// Returns the previous state.
+    pub fn set_health(&self, h: Health) -> Health {
+        Health::from_u8(self.health.swap(h as u8, Ordering::AcqRel))
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Acquire)
+    }
+
+    /// Counts a request against this target until the returned guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> TargetGuard {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        let tokens = self.tokens.load_full();
+        TargetGuard { target: self.clone(), tokens }
+    }
+
+    /// Waits up to `timeout` for in-flight requests to finish, then cancels the rest.
+    pub async fn drain(&self, timeout: Duration) {
+        let tokens = self.tokens.load_full();
+        tokens.upgrades.cancel();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.idle.notified();
+            if self.inflight() == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                if self.inflight() > 0 {
+                    tokens.requests.cancel();
+                }
+                break;
+            }
+        }
+        self.tokens.store(DrainTokens::new());
+    }
+}
+
+/// Held for as long as a request (or its upgraded connection) uses the target.
+pub struct TargetGuard {
+    target: Arc<Target>,
+    tokens: Arc<DrainTokens>,
+}
+
+impl TargetGuard {
+    pub fn target(&self) -> &Arc<Target> {
+        &self.target
+    }
+
+    /// Resolves when a drain gives up waiting for this request.
+    pub async fn cancelled(&self) {
+        self.tokens.requests.cancelled().await
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.tokens.requests.is_cancelled()
+    }
+
+    /// Resolves when a drain starts: upgraded connections end at once.
+    pub async fn upgrade_cancelled(&self) {
+        self.tokens.upgrades.cancelled().await
+    }
+}
+
+impl Drop for TargetGuard {
+    fn drop(&mut self) {
+        if self.target.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.target.idle.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_waits_then_cancels() {
+        let t = Target::new("app:3000").unwrap();
+        let g = t.begin();
+        assert_eq!(t.inflight(), 1);
+        let started = tokio::time::Instant::now();
+        t.drain(Duration::from_secs(5)).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert!(g.is_cancelled());
+        drop(g);
+        assert_eq!(t.inflight(), 0);
+        // A fresh cycle after the drain.
+        assert!(!t.begin().is_cancelled());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_returns_when_requests_finish() {
+        let t = Target::new("app").unwrap();
+        assert_eq!(t.authority().as_str(), "app:80");
+        let g = t.begin();
+        let t2 = t.clone();
+        let started = tokio::time::Instant::now();
+        let d = tokio::spawn(async move { t2.drain(Duration::from_secs(30)).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(g);
+        d.await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,227 @@
+//! `kamal-proxy deploy <service>`: upstream's flags and defaults, plus the fork's
+//! scale-to-zero flags. Validated here and again by the server, with the same messages.
+
+use clap::{ArgAction, Args};
+
+use super::values::{duration, go_bool, int64, non_empty};
+use crate::control::{DeployArgs, Request};
+use crate::service::options::*;
+
+const STAGING_DIRECTORY: &str = "https://acme-staging-v02.api.letsencrypt.org/directory";
+
+#[derive(Args, Debug)]
+#[command(about = "Deploy a target host", long_about = "Deploy a target host.\n\n\
+Waits until every target is healthy (unless --force), switches traffic atomically, then drains\n\
+the previous targets before returning.\n\n\
+Example:\n  kamal-proxy deploy app-web --target=\"app-web-1234:3000\" --host=\"app.example.com\"")]
+pub struct DeployCmd {
+    /// Name of the service
+    service: String,
+
+    /// Target host(s) to deploy (repeatable, or comma-separated)
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append, required = true, value_name = "HOST:PORT")]
+    target: Vec<String>,
+    /// Read-only target host(s) to deploy
+    #[arg(long = "read-target", value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT")]
+    read_target: Vec<String>,
+    /// Host(s) to serve this target on (empty for wildcard)
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    host: Vec<String>,
+    /// Deploy the service below the specified path(s)
+    #[arg(long = "path-prefix", value_delimiter = ',', action = ArgAction::Append)]
+    path_prefix: Vec<String>,
+    /// With --path-prefix, strip prefix from request before forwarding [default: true]
+    #[arg(long = "strip-path-prefix", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    strip_path_prefix: Option<bool>,
+
+    /// Configure TLS for this target (requires a non-empty host)
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    tls: Option<bool>,
+    /// Will make an HTTP request to the given URL, asking whether a host is allowed to have a certificate issued
+    #[arg(long = "tls-on-demand-url", default_value = "")]
+    tls_on_demand_url: String,
+    /// Use Let's Encrypt staging environment for certificate provisioning
+    #[arg(long = "tls-staging", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    tls_staging: Option<bool>,
+    /// Configure custom TLS certificate path (PEM format)
+    #[arg(long = "tls-certificate-path", default_value = "")]
+    tls_certificate_path: String,
+    /// Configure custom TLS private key path (PEM format)
+    #[arg(long = "tls-private-key-path", default_value = "")]
+    tls_private_key_path: String,
+    /// Location to store ACME assets [default: ~/.config/kamal-proxy/certs]
+    #[arg(long = "tls-acme-cache-path")]
+    tls_acme_cache_path: Option<String>,
+    /// Redirect HTTP traffic to HTTPS [default: true]
+    #[arg(long = "tls-redirect", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    tls_redirect: Option<bool>,
+    /// Redirect all requests to this host (e.g., force root or www)
+    #[arg(long = "canonical-host", default_value = "")]
+    canonical_host: String,
+
+    /// Maximum time to wait for the new target to become healthy
+    #[arg(long = "deploy-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
+    deploy_timeout: i64,
+    /// Maximum time to allow existing connections to drain before removing old target
+    #[arg(long = "drain-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
+    drain_timeout: i64,
+    /// Skip health checks and force deployment
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    force: Option<bool>,
+
+    /// Interval between health checks
+    #[arg(long = "health-check-interval", value_parser = duration, default_value = "1s", value_name = "DURATION")]
+    health_check_interval: i64,
+    /// Time each health check must complete in
+    #[arg(long = "health-check-timeout", value_parser = duration, default_value = "5s", value_name = "DURATION")]
+    health_check_timeout: i64,
+    /// Path to check for health
+    #[arg(long = "health-check-path", default_value = DEFAULT_HEALTH_CHECK_PATH)]
+    health_check_path: String,
+    /// Port to check for health (default matches target port)
+    #[arg(long = "health-check-port", default_value_t = 0)]
+    health_check_port: u16,
+    /// Host header to send with health check requests
+    #[arg(long = "health-check-host", default_value = "")]
+    health_check_host: String,
+
+    /// Time after a write before read requests will be routed to readers
+    #[arg(long = "writer-affinity-timeout", value_parser = duration, default_value = "1s", value_name = "DURATION")]
+    writer_affinity_timeout: i64,
+    /// Route WebSocket traffic to read targets, when available
+    #[arg(long = "read-target-websockets", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    read_target_websockets: Option<bool>,
+
+    /// Maximum time to wait for the target server to respond when serving requests
+    #[arg(long = "target-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
+    target_timeout: i64,
+    /// Buffer requests before forwarding to target
+    #[arg(long = "buffer-requests", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    buffer_requests: Option<bool>,
+    /// Buffer responses before forwarding to client
+    #[arg(long = "buffer-responses", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    buffer_responses: Option<bool>,
+    /// Max size of memory buffer, in bytes
+    #[arg(long = "buffer-memory", value_parser = int64, default_value = "1048576", value_name = "BYTES")]
+    buffer_memory: i64,
+    /// Max size of request body when buffering, in bytes (default of 0 means unlimited)
+    #[arg(long = "max-request-body", value_parser = int64, value_name = "BYTES")]
+    max_request_body: Option<i64>,
+    /// Max size of response body when buffering, in bytes (default of 0 means unlimited)
+    #[arg(long = "max-response-body", value_parser = int64, value_name = "BYTES")]
+    max_response_body: Option<i64>,
+
+    /// Path to custom error pages
+    #[arg(long = "error-pages", default_value = "")]
+    error_pages: String,
+    /// Additional request header to log (may be specified multiple times)
+    #[arg(long = "log-request-header", value_delimiter = ',', action = ArgAction::Append)]
+    log_request_header: Vec<String>,
+    /// Additional response header to log (may be specified multiple times)
+    #[arg(long = "log-response-header", value_delimiter = ',', action = ArgAction::Append)]
+    log_response_header: Vec<String>,
+    /// Request path(s) to exclude from Prometheus metrics (may be specified multiple times)
+    #[arg(long = "exclude-metrics-path", value_delimiter = ',', action = ArgAction::Append)]
+    exclude_metrics_path: Vec<String>,
+    /// Forward X-Forwarded headers to target (default false if TLS enabled; otherwise true)
+    #[arg(long = "forward-headers", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    forward_headers: Option<bool>,
+    /// Request header containing the original client IP; used to populate X-Forwarded-For when present
+    #[arg(long = "client-ip-header", default_value = "")]
+    client_ip_header: String,
+    /// Scope cookie paths to match path prefix
+    #[arg(long = "scope-cookie-paths", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    scope_cookie_paths: Option<bool>,
+
+    /// Stop the service's containers after this long without traffic (0 = never)
+    #[arg(long = "sleep-after", value_parser = duration, default_value = "0", value_name = "DURATION")]
+    sleep_after: i64,
+    /// How long a request is held while a sleeping service starts
+    #[arg(long = "wake-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
+    wake_timeout: i64,
+    /// Container to stop and start instead of those named by the targets (repeatable)
+    #[arg(long = "sleep-container", action = ArgAction::Append, value_name = "CONTAINER")]
+    sleep_container: Vec<String>,
+}
+
+impl DeployCmd {
+    pub fn to_args(&self) -> Result<DeployArgs, String> {
+        // Upstream checks presence, not value: Kamal sends `--buffer-requests="false"`
+        // together with `--max-request-body`, which must pass.
+        if self.max_request_body.is_some() && self.buffer_requests.is_none() {
+            return Err("max-request-body can only be set when request buffering is enabled".into());
+        }
+        if self.max_response_body.is_some() && self.buffer_responses.is_none() {
+            return Err("max-response-body can only be set when response buffering is enabled".into());
+        }
+        let tls = self.tls.unwrap_or(false);
+        let acme_cache_path = match &self.tls_acme_cache_path {
+            Some(p) => p.clone(),
+            None => crate::config::default_acme_cache_path().display().to_string(),
+        };
+        let service_options = ServiceOptions {
+            hosts: non_empty(self.host.clone()),
+            path_prefixes: non_empty(self.path_prefix.clone()),
+            tls_enabled: tls,
+            tls_certificate_path: self.tls_certificate_path.clone(),
+            tls_private_key_path: self.tls_private_key_path.clone(),
+            tls_on_demand_url: self.tls_on_demand_url.clone(),
+            tls_redirect: self.tls_redirect.unwrap_or(true),
+            canonical_host: self.canonical_host.clone(),
+            acme_directory: if self.tls_staging.unwrap_or(false) { STAGING_DIRECTORY.into() } else { String::new() },
+            acme_cache_path,
+            error_page_path: self.error_pages.clone(),
+            strip_prefix: self.strip_path_prefix.unwrap_or(true),
+            writer_affinity_timeout: self.writer_affinity_timeout,
+            read_targets_accept_websockets: self.read_target_websockets.unwrap_or(false),
+            exclude_metrics_paths: non_empty(self.exclude_metrics_path.clone()),
+            client_ip_header: self.client_ip_header.clone(),
+            sleep_after: self.sleep_after,
+            wake_timeout: self.wake_timeout,
+            sleep_containers: non_empty(self.sleep_container.clone()),
+        };
+        service_options.validate()?;
+        let target_options = TargetOptions {
+            health_check_config: HealthCheckConfig {
+                path: self.health_check_path.clone(),
+                port: self.health_check_port,
+                interval: self.health_check_interval,
+                timeout: self.health_check_timeout,
+                host: self.health_check_host.clone(),
+            },
+            response_timeout: self.target_timeout,
+            buffer_requests: self.buffer_requests.unwrap_or(false),
+            buffer_responses: self.buffer_responses.unwrap_or(false),
+            max_memory_buffer_size: self.buffer_memory,
+            max_request_body_size: self.max_request_body.unwrap_or(0),
+            max_response_body_size: self.max_response_body.unwrap_or(0),
+            log_request_headers: non_empty(self.log_request_header.clone()),
+            log_response_headers: non_empty(self.log_response_header.clone()),
+            forward_headers: self.forward_headers.unwrap_or(!tls),
+            scope_cookie_paths: self.scope_cookie_paths.unwrap_or(false),
+        };
+        target_options.validate()?;
+        let targets = non_empty(self.target.clone());
+        let readers = non_empty(self.read_target.clone());
+        for t in targets.iter().chain(readers.iter()) {
+            validate_target(t)?;
+        }
+        Ok(DeployArgs {
+            service: self.service.clone(),
+            targets,
+            readers,
+            deployment: DeploymentOptions {
+                deploy_timeout: self.deploy_timeout,
+                drain_timeout: self.drain_timeout,
+                force: self.force.unwrap_or(false),
+            },
+            service_options,
+            target_options,
+        })
+    }
+
+    pub fn execute(&self) -> Result<(), String> {
+        let args = self.to_args()?;
+        super::call(Request::Deploy(args)).map(|_| ())
+    }
+}

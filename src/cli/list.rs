@@ -1,0 +1,74 @@
+//! `kamal-proxy list`: upstream's ANSI table, or `--json`.
+
+use clap::Args;
+
+use crate::control::{ListResponse, Request, Response};
+
+#[derive(Args, Debug)]
+pub struct ListCmd {
+    /// Print the services as JSON: {"services": {"<name>": {...}}}
+    #[arg(long)]
+    json: bool,
+}
+
+impl ListCmd {
+    pub fn execute(&self) -> Result<(), String> {
+        let list = match super::call(Request::List)? {
+            Response::List(l) => l,
+            _ => return Err("unexpected reply from the server".into()),
+        };
+        if self.json {
+            println!("{}", serde_json::to_string(&list).map_err(|e| e.to_string())?);
+        } else {
+            print!("{}", render_table(&list));
+        }
+        Ok(())
+    }
+}
+
+const HEADER_STYLE: &str = "3;94";
+const FIRST_COLUMN_STYLE: &str = "1;34";
+
+/// Upstream's table: every cell styled with ANSI escapes (TTY or not), padded to the
+/// column width, each followed by two spaces.
+pub fn render_table(list: &ListResponse) -> String {
+    let header = ["Service", "Host", "Path", "Target", "State", "TLS"].map(String::from);
+    let rows: Vec<[String; 6]> = list
+        .services
+        .iter()
+        .map(|(name, d)| {
+            [
+                name.clone(),
+                d.host.clone(),
+                d.path.clone(),
+                d.target.clone(),
+                d.state.clone(),
+                if d.tls { "yes" } else { "no" }.to_string(),
+            ]
+        })
+        .collect();
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row.iter()) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[String; 6], header_row: bool| {
+        for (i, cell) in cells.iter().enumerate() {
+            let style = match (header_row, i) {
+                (true, _) => HEADER_STYLE,
+                (false, 0) => FIRST_COLUMN_STYLE,
+                _ => "",
+            };
+            out.push_str(&format!("\x1b[{style}m{cell}\x1b[0m"));
+            out.push_str(&" ".repeat(widths[i] - cell.len() + 2));
+        }
+        out.push('\n');
+    };
+    line(&header, true);
+    for row in &rows {
+        line(row, false);
+    }
+    out
+}

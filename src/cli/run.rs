@@ -1,0 +1,123 @@
+//! `kamal-proxy run`: restore state, open the listeners, serve until SIGTERM/SIGINT.
+
+use clap::Args;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+use super::values::go_bool;
+use crate::config::{env_bool, env_int, env_value};
+use crate::control::server::ControlListener;
+use crate::lifecycle::ContainerLifecycle;
+use crate::lifecycle::docker::{check_socket_path, connect};
+use crate::router::Router;
+use crate::server::{self, Proxy};
+
+#[derive(Args, Debug)]
+#[command(about = "Run the server", long_about = "Run the server.\n\n\
+Each flag can also be set from the environment: KAMAL_PROXY_<NAME>, then <NAME>\n\
+(e.g. KAMAL_PROXY_HTTP_PORT or HTTP_PORT); an explicit flag wins.\n\n\
+Example:\n  kamal-proxy run --http-port=8080 --metrics-port=9090")]
+pub struct RunArgs {
+    /// Include debugging logs [env: KAMAL_PROXY_DEBUG, DEBUG]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, default_value_t = env_bool("DEBUG", false), value_name = "BOOL")]
+    debug: bool,
+    /// Port to serve HTTP traffic on [env: KAMAL_PROXY_HTTP_PORT, HTTP_PORT]
+    #[arg(long = "http-port", default_value_t = env_int("HTTP_PORT", 80))]
+    http_port: u16,
+    /// Port to serve HTTPS traffic on [env: KAMAL_PROXY_HTTPS_PORT, HTTPS_PORT]
+    #[arg(long = "https-port", default_value_t = env_int("HTTPS_PORT", 443))]
+    https_port: u16,
+    /// Publish metrics on the specified port (default zero to disable) [env: KAMAL_PROXY_METRICS_PORT, METRICS_PORT]
+    #[arg(long = "metrics-port", default_value_t = env_int("METRICS_PORT", 0))]
+    metrics_port: u16,
+    /// Enable HTTP/3
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, default_value_t = false, value_name = "BOOL")]
+    http3: bool,
+    /// Docker Engine socket used to stop and start sleeping services (empty = scale-to-zero
+    /// disabled) [env: KAMAL_PROXY_DOCKER_SOCKET, DOCKER_SOCKET]
+    #[arg(long = "docker-socket", default_value_t = env_value("DOCKER_SOCKET").unwrap_or_default())]
+    docker_socket: String,
+}
+
+pub fn run(args: RunArgs) -> i32 {
+    let _log_guard = crate::observe::logfmt::init(args.debug);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            return 1;
+        }
+    };
+    let result = runtime.block_on(serve(args));
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            1
+        }
+    }
+}
+
+async fn serve(args: RunArgs) -> Result<(), String> {
+    let lifecycle: Option<Arc<dyn ContainerLifecycle>> = if args.docker_socket.is_empty() {
+        None
+    } else {
+        let path = std::path::Path::new(&args.docker_socket);
+        check_socket_path(path)?;
+        let docker = connect(path)?;
+        tracing::info!(docker_socket = %args.docker_socket, "Scale-to-zero enabled");
+        Some(Arc::new(docker))
+    };
+
+    let router = Router::new(crate::config::state_file_path(), lifecycle);
+    router.restore().await;
+
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    if args.metrics_port != 0 {
+        crate::observe::metrics::enable()?;
+        let listener = server::bind(args.metrics_port).await?;
+        tracing::info!(address = %format!(":{}", args.metrics_port), "Metrics enabled");
+        tasks.push(tokio::spawn(server::serve_metrics(listener, stop.clone())));
+    }
+    let http = server::bind(args.http_port).await?;
+    let http_port = http.local_addr().map(|a| a.port()).unwrap_or(args.http_port);
+    if args.http3 {
+        tracing::warn!("HTTP/3 is not available yet; serving HTTP/1.1 only");
+    }
+    let control = ControlListener::bind(&crate::config::socket_path())
+        .map_err(|e| format!("listen unix {}: {e}", crate::config::socket_path().display()))?;
+    let proxy = Arc::new(Proxy {
+        router: router.clone(),
+        forwarder: crate::proxy::Forwarder::new(),
+        http_port: args.http_port,
+        https_port: args.https_port,
+    });
+    let control_task = tokio::spawn(control.serve(router.clone()));
+    let http_task = tokio::spawn(server::serve_http(http, proxy, stop.clone()));
+    tracing::info!(http = http_port, https = args.https_port, "Server started");
+
+    wait_for_signal().await;
+    control_task.abort();
+    stop.cancel();
+    let _ = http_task.await;
+    for t in tasks {
+        let _ = t.await;
+    }
+    router.shutdown().await;
+    tracing::info!("Server stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // Without signal handlers we cannot stop gracefully; wait forever instead.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,14 @@
+//! kamal-proxy in Rust: a drop-in replacement for basecamp/kamal-proxy with
+//! scale-to-zero. See ARCHITECTURE.md in the shared folder and the README.
+
+pub mod balancer;
+pub mod cli;
+pub mod config;
+pub mod control;
+pub mod gotime;
+pub mod lifecycle;
+pub mod observe;
+pub mod proxy;
+pub mod router;
+pub mod server;
+pub mod service;

@@ -1,0 +1,219 @@
+//! The access log and per-request metrics. A [`Completion`] is created when a request
+//! arrives and finished when its response body ends (or the client goes away), so the
+//! logged duration, byte count and in-flight metrics cover the whole exchange.
+
+use http::HeaderMap;
+use std::fmt::Write;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use super::logfmt::json_escape_into;
+use super::metrics;
+use crate::balancer::TargetGuard;
+use crate::service::sleep::InFlight;
+
+/// Logged when the client disconnected before a response was ready (nginx's convention,
+/// as upstream uses).
+pub const STATUS_CLIENT_CLOSED_REQUEST: u16 = 499;
+
+pub struct AccessRecord {
+    pub started: Instant,
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+    pub request_id: String,
+    pub status: u16,
+    pub service: Option<Arc<str>>,
+    pub target: Option<String>,
+    pub method: &'static str,
+    pub method_raw: String,
+    pub req_content_length: i64,
+    pub req_content_type: String,
+    pub resp_content_type: String,
+    pub client_addr: String,
+    pub client_port: String,
+    pub remote_addr: String,
+    pub user_agent: String,
+    pub proto: &'static str,
+    pub scheme: &'static str,
+    pub query: String,
+    /// `--log-request-header` values, captured at arrival: (log key, value).
+    pub req_headers: Vec<(String, String)>,
+    /// `--log-response-header` names still to capture from the response.
+    pub resp_header_names: Arc<Vec<String>>,
+    pub resp_headers: Vec<(String, String)>,
+    pub exclude_metrics: bool,
+}
+
+/// `X-Custom-Header` → `x_custom_header`.
+pub fn log_key(prefix: &str, header: &str) -> String {
+    let mut k = String::with_capacity(prefix.len() + header.len());
+    k.push_str(prefix);
+    k.extend(header.chars().map(|c| if c == '-' { '_' } else { c.to_ascii_lowercase() }));
+    k
+}
+
+/// All values of a header joined with `,` (upstream's rendering), empty when absent.
+pub fn header_values(headers: &HeaderMap, name: &str) -> String {
+    let mut out = String::new();
+    for (i, v) in headers.get_all(name).iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&String::from_utf8_lossy(v.as_bytes()));
+    }
+    out
+}
+
+/// Everything a request holds until its response is over.
+pub struct Completion {
+    record: Box<AccessRecord>,
+    pub target: Option<TargetGuard>,
+    pub idle: Option<InFlight>,
+    counted_in_flight: bool,
+    finished: bool,
+}
+
+impl Completion {
+    pub fn new(record: AccessRecord) -> Self {
+        Completion {
+            record: Box::new(record),
+            target: None,
+            idle: None,
+            counted_in_flight: false,
+            finished: false,
+        }
+    }
+
+    pub fn record(&mut self) -> &mut AccessRecord {
+        &mut self.record
+    }
+
+    /// The request reached a service: from here it counts in that service's metrics.
+    pub fn set_service(&mut self, name: Arc<str>, exclude_metrics: bool) {
+        self.record.exclude_metrics = exclude_metrics;
+        if !exclude_metrics && metrics::enabled() {
+            metrics::in_flight_add(&name, 1);
+            self.counted_in_flight = true;
+        }
+        self.record.service = Some(name);
+    }
+
+    pub fn set_response(&mut self, status: u16, headers: &HeaderMap) {
+        self.record.status = status;
+        if let Some(ct) = headers.get(http::header::CONTENT_TYPE) {
+            self.record.resp_content_type = String::from_utf8_lossy(ct.as_bytes()).into_owned();
+        }
+        if !self.record.resp_header_names.is_empty() {
+            let names = self.record.resp_header_names.clone();
+            self.record.resp_headers = names
+                .iter()
+                .map(|n| (log_key("resp_", n), header_values(headers, n)))
+                .collect();
+        }
+    }
+
+    pub fn cancelled(&self) -> bool {
+        self.target.as_ref().is_some_and(TargetGuard::is_cancelled)
+    }
+
+    pub fn finish(mut self, bytes_sent: u64, _ended: bool) {
+        self.write(bytes_sent);
+    }
+
+    fn write(&mut self, bytes_sent: u64) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let r = &self.record;
+        let elapsed = r.started.elapsed();
+        let service = r.service.as_deref().unwrap_or("");
+        if self.counted_in_flight {
+            metrics::in_flight_add(service, -1);
+        }
+        if !r.exclude_metrics {
+            metrics::record(service, r.method, r.status, elapsed.as_secs_f64());
+        }
+        let line = format_fields(r, elapsed.as_nanos() as i64, bytes_sent);
+        tracing::info!(json_fields = line.as_str(), "Request");
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Dropped before any response was handed to the client: it hung up.
+            self.record.status = STATUS_CLIENT_CLOSED_REQUEST;
+            self.write(0);
+        }
+    }
+}
+
+fn format_fields(r: &AccessRecord, duration_ns: i64, bytes_sent: u64) -> String {
+    let mut s = String::with_capacity(512);
+    let key = |s: &mut String, k: &str| {
+        if !s.is_empty() {
+            s.push(',');
+        }
+        s.push('"');
+        s.push_str(k);
+        s.push_str("\":");
+    };
+    key(&mut s, "host");
+    json_escape_into(&mut s, &r.host);
+    key(&mut s, "port");
+    let _ = write!(s, "{}", r.port);
+    key(&mut s, "path");
+    json_escape_into(&mut s, &r.path);
+    key(&mut s, "request_id");
+    json_escape_into(&mut s, &r.request_id);
+    key(&mut s, "status");
+    let _ = write!(s, "{}", r.status);
+    key(&mut s, "service");
+    json_escape_into(&mut s, r.service.as_deref().unwrap_or(""));
+    key(&mut s, "target");
+    json_escape_into(&mut s, r.target.as_deref().unwrap_or(""));
+    key(&mut s, "duration");
+    let _ = write!(s, "{duration_ns}");
+    key(&mut s, "method");
+    json_escape_into(&mut s, &r.method_raw);
+    key(&mut s, "req_content_length");
+    let _ = write!(s, "{}", r.req_content_length);
+    key(&mut s, "req_content_type");
+    json_escape_into(&mut s, &r.req_content_type);
+    key(&mut s, "resp_content_length");
+    let _ = write!(s, "{bytes_sent}");
+    key(&mut s, "resp_content_type");
+    json_escape_into(&mut s, &r.resp_content_type);
+    key(&mut s, "client_addr");
+    json_escape_into(&mut s, &r.client_addr);
+    key(&mut s, "client_port");
+    json_escape_into(&mut s, &r.client_port);
+    key(&mut s, "remote_addr");
+    json_escape_into(&mut s, &r.remote_addr);
+    key(&mut s, "user_agent");
+    json_escape_into(&mut s, &r.user_agent);
+    key(&mut s, "proto");
+    json_escape_into(&mut s, r.proto);
+    key(&mut s, "scheme");
+    json_escape_into(&mut s, r.scheme);
+    key(&mut s, "query");
+    json_escape_into(&mut s, &r.query);
+    for (k, v) in r.req_headers.iter().chain(r.resp_headers.iter()) {
+        key(&mut s, k);
+        json_escape_into(&mut s, v);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_keys() {
+        assert_eq!(log_key("req_", "X-Custom-Header"), "req_x_custom_header");
+        assert_eq!(log_key("resp_", "cache-control"), "resp_cache_control");
+    }
+}

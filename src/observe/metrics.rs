@@ -1,0 +1,106 @@
+//! Prometheus metrics with upstream's names and labels, in the Go client's text format.
+//! Recording is skipped entirely unless `--metrics-port` is set.
+
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub struct Metrics {
+    pub registry: Registry,
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    in_flight: IntGaugeVec,
+}
+
+static METRICS: OnceLock<Metrics> = OnceLock::new();
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Registers the collectors; called once by `run` when a metrics port is configured.
+pub fn enable() -> Result<&'static Metrics, String> {
+    let m = METRICS.get_or_init(|| build().expect("metric definitions are static and valid"));
+    ENABLED.store(true, Ordering::Relaxed);
+    Ok(m)
+}
+
+fn build() -> prometheus::Result<Metrics> {
+    let registry = Registry::new();
+    let requests = IntCounterVec::new(
+        Opts::new("http_requests_total", "Total number of HTTP requests")
+            .namespace("kamal")
+            .subsystem("proxy"),
+        &["service", "method", "status"],
+    )?;
+    let duration = HistogramVec::new(
+        HistogramOpts::new("http_request_duration_seconds", "Duration of HTTP requests in seconds")
+            .namespace("kamal")
+            .subsystem("proxy")
+            .buckets(prometheus::DEFAULT_BUCKETS.to_vec()),
+        &["service", "method", "status"],
+    )?;
+    let in_flight = IntGaugeVec::new(
+        Opts::new("http_in_flight_requests", "Number of in-flight HTTP requests")
+            .namespace("kamal")
+            .subsystem("proxy"),
+        &["service"],
+    )?;
+    registry.register(Box::new(requests.clone()))?;
+    registry.register(Box::new(duration.clone()))?;
+    registry.register(Box::new(in_flight.clone()))?;
+    #[cfg(target_os = "linux")]
+    registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+    Ok(Metrics { registry, requests, duration, in_flight })
+}
+
+/// Upstream keeps the standard methods and folds everything else into `OTHER`.
+pub fn method_label(method: &http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "CONNECT" => "CONNECT",
+        "OPTIONS" => "OPTIONS",
+        "TRACE" => "TRACE",
+        _ => "OTHER",
+    }
+}
+
+pub fn record(service: &str, method: &'static str, status: u16, seconds: f64) {
+    let Some(m) = METRICS.get().filter(|_| enabled()) else { return };
+    let mut buf = itoa_buf(status);
+    let status = status_str(&mut buf);
+    m.requests.with_label_values(&[service, method, status]).inc();
+    m.duration
+        .with_label_values(&[service, method, status])
+        .observe(seconds);
+}
+
+pub fn in_flight_add(service: &str, delta: i64) {
+    if let Some(m) = METRICS.get().filter(|_| enabled()) {
+        m.in_flight.with_label_values(&[service]).add(delta);
+    }
+}
+
+fn itoa_buf(status: u16) -> [u8; 3] {
+    let s = status.min(999);
+    [b'0' + (s / 100) as u8, b'0' + (s / 10 % 10) as u8, b'0' + (s % 10) as u8]
+}
+
+fn status_str(buf: &mut [u8; 3]) -> &str {
+    std::str::from_utf8(buf).unwrap_or("000")
+}
+
+/// The text exposition, served on every path of the metrics port.
+pub fn render() -> Vec<u8> {
+    let mut out = Vec::new();
+    if let Some(m) = METRICS.get() {
+        let _ = prometheus::TextEncoder::new().encode(&m.registry.gather(), &mut out);
+    }
+    out
+}

@@ -1,0 +1,5 @@
+//! What the proxy tells operators: the access log, server messages and metrics.
+
+pub mod access;
+pub mod logfmt;
+pub mod metrics;

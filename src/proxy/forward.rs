@@ -1,0 +1,278 @@
+//! The last step of the pipeline: send the request to the chosen target and relay the
+//! response, streaming both ways unless the service asked for buffering.
+
+use http::uri::{PathAndQuery, Scheme};
+use http::{HeaderValue, Request, Response, StatusCode, Uri, Version, header};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::body::{RequestBody, ResponseBody};
+use super::buffer::{BufferError, SpillBuffer};
+use super::headers::{self, ForwardedFor};
+use super::pages::{ErrorPages, error_response};
+use crate::balancer::Target;
+use crate::observe::access::Completion;
+use crate::service::options::TargetOptions;
+
+pub type UpstreamClient = Client<HttpConnector, RequestBody>;
+
+/// The shared upstream connection pool.
+#[derive(Clone)]
+pub struct Forwarder {
+    client: UpstreamClient,
+}
+
+impl Default for Forwarder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What the service has decided about a request before it is forwarded.
+pub struct UpstreamRequest<'a> {
+    pub target: &'a Arc<Target>,
+    /// The path after `--strip-path-prefix`, with the query untouched.
+    pub path_and_query: PathAndQuery,
+    pub options: &'a TargetOptions,
+    pub pages: Option<&'a Arc<ErrorPages>>,
+    pub client_ip: &'a str,
+    pub tls: bool,
+}
+
+impl Forwarder {
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(100)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Forwarder { client }
+    }
+
+    /// Forwards `req`; the returned response carries `completion` in its body (or, for an
+    /// upgrade, in the task that copies the upgraded connection).
+    pub async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        up: UpstreamRequest<'_>,
+        completion: Completion,
+    ) -> Response<ResponseBody> {
+        let opts = up.options;
+        let upgrade = headers::upgrade_type(req.headers());
+        let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+
+        let (mut parts, incoming) = req.into_parts();
+        let body = if opts.buffer_requests && upgrade.is_none() {
+            match buffer_request(incoming, opts).await {
+                Ok(b) => b,
+                Err(status) => return finish(error_response(status, up.pages, None), completion),
+            }
+        } else {
+            RequestBody::Stream(incoming)
+        };
+
+        let original_host = parts
+            .headers
+            .get(header::HOST)
+            .cloned()
+            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+        let wants_trailers = parts
+            .headers
+            .get(header::TE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")));
+        headers::remove_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(header::TE);
+        if wants_trailers {
+            parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
+        headers::set_forwarded(
+            &mut parts.headers,
+            &ForwardedFor {
+                client_ip: up.client_ip,
+                host: original_host.as_ref(),
+                tls: up.tls,
+                trust_client: opts.forward_headers,
+            },
+        );
+        headers::set_target_header(&mut parts.headers, up.target.address(), opts.forward_headers);
+        if let Some(h) = original_host {
+            parts.headers.insert(header::HOST, h);
+        }
+        if let Some(kind) = &upgrade {
+            parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(header::UPGRADE, kind.clone());
+        }
+        let mut uri = Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(up.target.authority().clone())
+            .path_and_query(up.path_and_query)
+            .build()
+            .unwrap_or_default();
+        std::mem::swap(&mut parts.uri, &mut uri);
+        parts.version = Version::HTTP_11;
+        let outbound = Request::from_parts(parts, body);
+
+        let timeout = opts.response_timeout();
+        let sent = self.client.request(outbound);
+        let result = {
+            let cancelled = async {
+                match completion.target.as_ref() {
+                    Some(g) => g.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = tokio::time::timeout(timeout, sent) => Some(r),
+                _ = cancelled => None,
+            }
+        };
+        let mut response = match result {
+            None => {
+                tracing::info!(path = %uri.path(), "Request cancelled due to draining");
+                return finish(error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None), completion);
+            }
+            Some(Err(_)) => {
+                return finish(error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None), completion);
+            }
+            Some(Ok(Err(e))) => {
+                tracing::error!("target" = up.target.address(), path = %uri.path(), error = %describe(&e), "Error while proxying");
+                return finish(error_response(StatusCode::BAD_GATEWAY, up.pages, None), completion);
+            }
+            Some(Ok(Ok(r))) => r,
+        };
+
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            return match client_upgrade {
+                Some(client_upgrade) => splice_upgrade(response, client_upgrade, completion),
+                None => finish(error_response(StatusCode::BAD_GATEWAY, up.pages, None), completion),
+            };
+        }
+        headers::remove_hop_by_hop(response.headers_mut());
+
+        if opts.buffer_responses && !is_event_stream(response.headers()) {
+            let (parts, incoming) = response.into_parts();
+            return match buffer_response(incoming, opts).await {
+                Ok(body) => {
+                    let mut parts = parts;
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    finish(Response::from_parts(parts, ResponseBody::buffered(body)), completion)
+                }
+                Err(BufferError::TooLarge) => {
+                    tracing::info!(path = %uri.path(), "Response exceeded max response limit");
+                    finish(error_response(StatusCode::INTERNAL_SERVER_ERROR, None, None), completion)
+                }
+                Err(BufferError::Io(e)) => {
+                    tracing::error!(error = %e, "Error buffering response");
+                    finish(error_response(StatusCode::BAD_GATEWAY, up.pages, None), completion)
+                }
+            };
+        }
+        finish(response.map(ResponseBody::stream), completion)
+    }
+}
+
+fn finish(mut response: Response<ResponseBody>, mut completion: Completion) -> Response<ResponseBody> {
+    completion.set_response(response.status().as_u16(), response.headers());
+    response.body_mut().attach(completion);
+    response
+}
+
+fn is_event_stream(h: &http::HeaderMap) -> bool {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+fn describe(e: &hyper_util::client::legacy::Error) -> String {
+    use std::error::Error;
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+async fn buffer_request(mut body: Incoming, opts: &TargetOptions) -> Result<RequestBody, StatusCode> {
+    let mut buf = SpillBuffer::new(opts.max_memory_buffer_size, opts.max_request_body_size);
+    while let Some(frame) = body.frame().await {
+        // A body that cannot be read is the client's fault (malformed chunking, early
+        // close): upstream answers 400 too.
+        let frame = frame.map_err(|_| StatusCode::BAD_REQUEST)?;
+        if let Ok(data) = frame.into_data() {
+            buf.write(data).await.map_err(|e| match e {
+                BufferError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+                BufferError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            })?;
+        }
+    }
+    if buf.is_empty() {
+        return Ok(RequestBody::Empty);
+    }
+    buf.into_body()
+        .await
+        .map(RequestBody::Buffered)
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+async fn buffer_response(
+    mut body: Incoming,
+    opts: &TargetOptions,
+) -> Result<super::buffer::BufferedBody, BufferError> {
+    let mut buf = SpillBuffer::new(opts.max_memory_buffer_size, opts.max_response_body_size);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BufferError::Io(std::io::Error::other(e)))?;
+        if let Ok(data) = frame.into_data() {
+            buf.write(data).await?;
+        }
+    }
+    buf.into_body().await
+}
+
+/// Relays a 101: the client gets the upstream's headers, then bytes flow both ways until
+/// either side closes or a drain starts. The completion (and so the in-flight counts that
+/// keep a service awake) lives as long as the connection.
+fn splice_upgrade(
+    mut upstream: Response<Incoming>,
+    client: hyper::upgrade::OnUpgrade,
+    mut completion: Completion,
+) -> Response<ResponseBody> {
+    let upstream_upgrade = hyper::upgrade::on(&mut upstream);
+    let (parts, _) = upstream.into_parts();
+    completion.set_response(101, &parts.headers);
+    tokio::spawn(async move {
+        let (client, upstream) = match tokio::try_join!(client, upstream_upgrade) {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::debug!(error = %e, "Upgrade failed");
+                completion.finish(0, false);
+                return;
+            }
+        };
+        let mut client = TokioIo::new(client);
+        let mut upstream = TokioIo::new(upstream);
+        let copied = async { tokio::io::copy_bidirectional(&mut client, &mut upstream).await };
+        let cut = async {
+            match completion.target.as_ref() {
+                Some(g) => g.upgrade_cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let sent = tokio::select! {
+            r = copied => r.map(|(_, to_client)| to_client).unwrap_or(0),
+            _ = cut => 0,
+        };
+        completion.finish(sent, true);
+    });
+    Response::from_parts(parts, ResponseBody::empty())
+}

@@ -1,0 +1,179 @@
+//! Header rewriting between client and upstream, as upstream's Go `httputil.ReverseProxy`
+//! does it: hop-by-hop headers removed, `X-Forwarded-*` set, upgrades re-announced.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub static X_REQUEST_START: HeaderName = HeaderName::from_static("x-request-start");
+pub static X_KAMAL_TARGET: HeaderName = HeaderName::from_static("x-kamal-target");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+
+/// Removes hop-by-hop headers, including any named in `Connection`.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .collect();
+        for n in named {
+            headers.remove(n);
+        }
+    }
+    for h in [
+        &header::CONNECTION,
+        &PROXY_CONNECTION,
+        &KEEP_ALIVE,
+        &header::PROXY_AUTHENTICATE,
+        &header::PROXY_AUTHORIZATION,
+        &header::TRAILER,
+        &header::TRANSFER_ENCODING,
+        &header::UPGRADE,
+    ] {
+        headers.remove(h);
+    }
+}
+
+/// `Upgrade` type requested by the client, if this is an upgrade request.
+pub fn upgrade_type(headers: &HeaderMap) -> Option<HeaderValue> {
+    let connection_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    if connection_upgrade {
+        headers.get(header::UPGRADE).cloned()
+    } else {
+        None
+    }
+}
+
+pub fn is_websocket(headers: &HeaderMap) -> bool {
+    upgrade_type(headers).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+}
+
+pub struct ForwardedFor<'a> {
+    pub client_ip: &'a str,
+    pub host: Option<&'a HeaderValue>,
+    pub tls: bool,
+    /// `--forward-headers`: trust and extend what the client sent.
+    pub trust_client: bool,
+}
+
+/// Sets `X-Forwarded-For/-Host/-Proto` on the outbound headers (which still hold the
+/// client's values) following upstream's rules.
+pub fn set_forwarded(headers: &mut HeaderMap, f: &ForwardedFor<'_>) {
+    let proto = if f.tls { "https" } else { "http" };
+    let prior_for: Vec<HeaderValue> = headers.get_all(&X_FORWARDED_FOR).iter().cloned().collect();
+    let prior_host = headers.get(&X_FORWARDED_HOST).filter(|v| !v.is_empty()).cloned();
+    let prior_proto = headers.get(&X_FORWARDED_PROTO).filter(|v| !v.is_empty()).cloned();
+    headers.remove(&FORWARDED);
+    headers.remove(&X_FORWARDED_FOR);
+    headers.remove(&X_FORWARDED_HOST);
+    headers.remove(&X_FORWARDED_PROTO);
+
+    let xff = if f.trust_client && !prior_for.is_empty() {
+        let mut joined = Vec::new();
+        for v in &prior_for {
+            if !joined.is_empty() {
+                joined.extend_from_slice(b", ");
+            }
+            joined.extend_from_slice(v.as_bytes());
+        }
+        joined.extend_from_slice(b", ");
+        joined.extend_from_slice(f.client_ip.as_bytes());
+        HeaderValue::from_bytes(&joined).ok()
+    } else {
+        HeaderValue::from_str(f.client_ip).ok()
+    };
+    if let Some(v) = xff {
+        headers.insert(&X_FORWARDED_FOR, v);
+    }
+    let host = match (f.trust_client, prior_host) {
+        (true, Some(h)) => Some(h),
+        _ => f.host.cloned(),
+    };
+    if let Some(h) = host {
+        headers.insert(&X_FORWARDED_HOST, h);
+    }
+    let proto = match (f.trust_client, prior_proto) {
+        (true, Some(p)) => p,
+        _ => HeaderValue::from_static(proto),
+    };
+    headers.insert(&X_FORWARDED_PROTO, proto);
+}
+
+/// `X-Kamal-Target`: the chosen target; appended to a client value only when trusted.
+pub fn set_target_header(headers: &mut HeaderMap, address: &str, trust_client: bool) {
+    let value = match headers.get(&X_KAMAL_TARGET).filter(|_| trust_client) {
+        Some(prior) if !prior.is_empty() => {
+            let mut v = prior.as_bytes().to_vec();
+            v.extend_from_slice(b", ");
+            v.extend_from_slice(address.as_bytes());
+            HeaderValue::from_bytes(&v).ok()
+        }
+        _ => HeaderValue::from_str(address).ok(),
+    };
+    if let Some(v) = value {
+        headers.insert(&X_KAMAL_TARGET, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hv(s: &str) -> HeaderValue {
+        HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_go() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, hv("keep-alive, X-Secret"));
+        h.insert("x-secret", hv("1"));
+        h.insert("keep-alive", hv("timeout=5"));
+        h.insert(header::TRANSFER_ENCODING, hv("chunked"));
+        h.insert("x-app", hv("kept"));
+        remove_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h["x-app"], "kept");
+    }
+
+    #[test]
+    fn forwarded_headers_default_and_trusted() {
+        let host = hv("example.com:8080");
+        let mut h = HeaderMap::new();
+        h.insert(&X_FORWARDED_FOR, hv("1.2.3.4"));
+        h.insert(&X_FORWARDED_PROTO, hv("https"));
+        let mut untrusted = h.clone();
+        let f = ForwardedFor { client_ip: "10.0.0.1", host: Some(&host), tls: false, trust_client: false };
+        set_forwarded(&mut untrusted, &f);
+        assert_eq!(untrusted[&X_FORWARDED_FOR], "10.0.0.1");
+        assert_eq!(untrusted[&X_FORWARDED_PROTO], "http");
+        assert_eq!(untrusted[&X_FORWARDED_HOST], "example.com:8080");
+        let f = ForwardedFor { trust_client: true, ..f };
+        set_forwarded(&mut h, &f);
+        assert_eq!(h[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
+        assert_eq!(h[&X_FORWARDED_PROTO], "https");
+        assert_eq!(h[&X_FORWARDED_HOST], "example.com:8080");
+    }
+
+    #[test]
+    fn upgrade_detection() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, hv("keep-alive, Upgrade"));
+        h.insert(header::UPGRADE, hv("WebSocket"));
+        assert!(is_websocket(&h));
+        h.insert(header::CONNECTION, hv("keep-alive"));
+        assert!(upgrade_type(&h).is_none());
+    }
+}

@@ -1,0 +1,10 @@
+//! Forwarding a request to its target and the response back: the upstream client pool,
+//! header rewriting, upgrades, buffering and the proxy's own error pages.
+
+pub mod body;
+pub mod buffer;
+pub mod forward;
+pub mod headers;
+pub mod pages;
+
+pub use forward::{Forwarder, UpstreamRequest};

@@ -1,0 +1,478 @@
+//! The router: which service answers a request (lock-free, through an `ArcSwap` route
+//! table), and the control-plane operations that change services (deploy, remove, pause,
+//! stop, resume), each persisted to the state file before it returns.
+
+use arc_swap::ArcSwap;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::sync::{Mutex, Notify};
+
+pub mod state;
+pub mod table;
+
+use crate::balancer::health::{ProbeClient, probe_client};
+use crate::balancer::{LoadBalancer, ProbeMode};
+use crate::control::{DeployArgs, ListResponse, ServiceDescription};
+use crate::gotime;
+use crate::lifecycle::{ContainerLifecycle, LifecycleError};
+use crate::service::options::{ServiceOptions, container_ref};
+use crate::service::pause::PauseController;
+use crate::service::sleep::{IdleController, IdleState, SleepConfig, SleepHooks};
+use crate::service::{Service, ServiceConfig};
+use state::ServiceState;
+use table::RouteTable;
+
+/// How long the deploy preflight may spend inspecting containers, in all.
+const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Router {
+    table: ArcSwap<RouteTable>,
+    /// Control-plane only: requests never touch this lock.
+    services: Mutex<BTreeMap<String, Arc<Service>>>,
+    state_path: PathBuf,
+    probe_client: ProbeClient,
+    lifecycle: Option<Arc<dyn ContainerLifecycle>>,
+    /// Nudged by idle controllers when a service falls asleep or wakes.
+    persist: Arc<Notify>,
+}
+
+impl Router {
+    pub fn new(state_path: PathBuf, lifecycle: Option<Arc<dyn ContainerLifecycle>>) -> Arc<Router> {
+        let router = Arc::new(Router {
+            table: ArcSwap::from_pointee(RouteTable::default()),
+            services: Mutex::new(BTreeMap::new()),
+            state_path,
+            probe_client: probe_client(),
+            lifecycle,
+            persist: Arc::new(Notify::new()),
+        });
+        let weak = Arc::downgrade(&router);
+        let persist = router.persist.clone();
+        tokio::spawn(async move {
+            loop {
+                persist.notified().await;
+                let Some(router) = weak.upgrade() else { return };
+                let services = router.services.lock().await;
+                router.save(&services);
+            }
+        });
+        router
+    }
+
+    /// The hot path: the service for a host and path, and the prefix it matched.
+    pub fn lookup(&self, host: &str, path: &str) -> Option<(Arc<Service>, Arc<str>)> {
+        let table = self.table.load();
+        table
+            .lookup(host, path)
+            .map(|(s, prefix)| (s.clone(), Arc::from(prefix)))
+    }
+
+    pub fn state_path(&self) -> &std::path::Path {
+        &self.state_path
+    }
+
+    /// Restores the state file before any listener opens. A corrupt file is set aside
+    /// and the proxy starts empty.
+    pub async fn restore(self: &Arc<Self>) {
+        let saved = match state::load(&self.state_path) {
+            Ok(None) => {
+                tracing::info!("No previous state to restore");
+                return;
+            }
+            Ok(Some(s)) => s,
+            Err(e) => {
+                let aside = state::set_aside(&self.state_path)
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|err| format!("(could not move it aside: {err})"));
+                tracing::error!(path = %self.state_path.display(), error = %e, moved_to = %aside, "Failed to decode saved state");
+                return;
+            }
+        };
+        let mut services = self.services.lock().await;
+        for s in saved {
+            match self.restore_service(&s) {
+                Ok(service) => {
+                    services.insert(s.name.clone(), service);
+                }
+                Err(e) => {
+                    tracing::error!(service = %s.name, error = %e, "Failed to restore service");
+                }
+            }
+        }
+        self.publish(&services);
+        tracing::info!(services = services.len(), "Restored saved state");
+    }
+
+    fn restore_service(self: &Arc<Self>, s: &ServiceState) -> Result<Arc<Service>, String> {
+        let config = ServiceConfig::build(s.options.clone(), s.target_options.clone())?;
+        let lb = LoadBalancer::new(
+            &s.name,
+            &s.active_targets,
+            &s.active_readers,
+            s.target_options.health_check_config.clone(),
+            self.probe_client.clone(),
+        )?;
+        let service = Arc::new(Service::new(
+            &s.name,
+            config,
+            lb.clone(),
+            PauseController::restore(&s.pause_controller),
+        ));
+        let restored_idle = IdleState::parse(&s.idle_state);
+        lb.mark_all_healthy();
+        if s.options.sleep_enabled() && self.lifecycle.is_none() {
+            tracing::warn!(service = %s.name, "Service has --sleep-after but the proxy runs without --docker-socket; it will not sleep");
+        }
+        self.sync_sleep(&service, &s.options, restored_idle);
+        if service.sleep_controller().is_none_or(|c| c.state() == IdleState::Active) {
+            lb.start_health_checks(ProbeMode::Deploy);
+        }
+        Ok(service)
+    }
+
+    pub async fn deploy(self: &Arc<Self>, args: DeployArgs) -> Result<(), String> {
+        let DeployArgs { service: name, targets, readers, deployment, service_options, target_options } = args;
+        if name.is_empty() {
+            return Err("service name must not be empty".into());
+        }
+        service_options.validate()?;
+        target_options.validate()?;
+        let mut options = service_options;
+        options.normalize();
+        if options.sleep_enabled() {
+            self.sleep_preflight(&options, &targets).await?;
+        }
+        // A sleeping service's containers are stopped: wake it first so the new targets
+        // can pass their health checks, and keep it awake (counted in flight) until the
+        // deploy is over so it cannot fall asleep halfway.
+        let existing = self.services.lock().await.get(&name).cloned();
+        let _keep_awake = match existing.and_then(|s| s.sleep_controller()) {
+            Some(c) => {
+                if c.state() != IdleState::Active {
+                    tracing::info!(service = %name, "Waking sleeping service for deploy");
+                }
+                Some(c.admit().await.map_err(|e| format!("unable to wake service for deploy: {e}"))?)
+            }
+            None => None,
+        };
+
+        let lb = LoadBalancer::new(
+            &name,
+            &targets,
+            &readers,
+            target_options.health_check_config.clone(),
+            self.probe_client.clone(),
+        )?;
+        tracing::info!(service = %name, targets = %targets.join(","), hosts = %options.hosts.join(","), paths = %options.path_prefixes.join(","), tls = options.tls_enabled, "Deploying");
+        lb.start_health_checks(ProbeMode::Deploy);
+        if !deployment.force {
+            let timeout = gotime::to_std(deployment.deploy_timeout);
+            if lb.wait_until_healthy(timeout).await.is_err() {
+                lb.stop_health_checks();
+                return Err(format!(
+                    "target failed to become healthy within configured timeout ({})",
+                    gotime::format_duration(deployment.deploy_timeout)
+                ));
+            }
+        }
+
+        let replaced = {
+            let mut services = self.services.lock().await;
+            if let Some(other) = conflicting_service(&services, &name, &options) {
+                tracing::error!(service = %name, other = %other, "Host settings conflict with another service");
+                lb.stop_health_checks();
+                return Err("host settings conflict with another service".into());
+            }
+            let config = match ServiceConfig::build(options.clone(), target_options.clone()) {
+                Ok(c) => c,
+                Err(e) => {
+                    lb.stop_health_checks();
+                    self.save(&services);
+                    return Err(e);
+                }
+            };
+            let replaced = match services.get(&name) {
+                Some(existing) => {
+                    existing.set_config(config);
+                    Some(existing.swap_active(lb))
+                }
+                None => {
+                    let service = Arc::new(Service::new(&name, config, lb, PauseController::default()));
+                    services.insert(name.clone(), service);
+                    None
+                }
+            };
+            if let Some(service) = services.get(&name) {
+                self.sync_sleep(service, &options, IdleState::Active);
+            }
+            self.publish(&services);
+            self.save(&services);
+            replaced
+        };
+        if let Some(old) = replaced {
+            old.stop_health_checks();
+            old.drain(gotime::to_std(deployment.drain_timeout)).await;
+        }
+        tracing::info!(service = %name, targets = %targets.join(","), hosts = %options.hosts.join(","), paths = %options.path_prefixes.join(","), tls = options.tls_enabled, "Deployed");
+        Ok(())
+    }
+
+    /// Refuses a `--sleep-after` deploy whose containers this proxy could not manage.
+    async fn sleep_preflight(&self, options: &ServiceOptions, targets: &[String]) -> Result<(), String> {
+        let Some(lifecycle) = &self.lifecycle else {
+            return Err("scale-to-zero requires the proxy to run with --docker-socket".into());
+        };
+        let refs = if options.sleep_containers.is_empty() {
+            targets
+                .iter()
+                .map(|t| container_ref(t).map(str::to_string))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("target does not name a container: {e}"))?
+        } else {
+            options.sleep_containers.clone()
+        };
+        let deadline = tokio::time::Instant::now() + PREFLIGHT_TIMEOUT;
+        for r in &refs {
+            let inspected = tokio::time::timeout_at(deadline, lifecycle.inspect(r)).await;
+            match inspected {
+                Ok(Ok(())) => {}
+                Ok(Err(LifecycleError::NotFound(_))) => {
+                    return Err(format!(
+                        "target does not name a container: no container named \"{r}\"; if the target names a network alias rather than a container, set --sleep-container"
+                    ));
+                }
+                Ok(Err(LifecycleError::Forbidden(_))) => {
+                    tracing::warn!(container = %r, "Cannot verify container for --sleep-after; the socket denies inspect");
+                }
+                Ok(Err(e)) => return Err(format!("cannot manage container \"{r}\" for --sleep-after: {e}")),
+                Err(_) => {
+                    return Err(format!("cannot manage container \"{r}\" for --sleep-after: timed out"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives a service the idle controller its options ask for (or takes it away).
+    fn sync_sleep(self: &Arc<Self>, service: &Arc<Service>, options: &ServiceOptions, restored: IdleState) {
+        let Some(lifecycle) = self.lifecycle.clone().filter(|_| options.sleep_enabled()) else {
+            service.set_sleep_controller(None);
+            return;
+        };
+        let containers = if options.sleep_containers.is_empty() {
+            let lb = service.active();
+            let mut refs: Vec<String> = Vec::new();
+            for t in lb.writer_addresses() {
+                if let Ok(r) = container_ref(&t) {
+                    if !refs.iter().any(|x| x == r) {
+                        refs.push(r.to_string());
+                    }
+                }
+            }
+            refs
+        } else {
+            options.sleep_containers.clone()
+        };
+        let config = SleepConfig {
+            sleep_after: gotime::to_std(options.sleep_after),
+            wake_timeout: gotime::to_std(options.wake_timeout),
+            containers,
+        };
+        match service.sleep_controller() {
+            Some(c) => c.reconfigure(config),
+            None => {
+                let hooks = Arc::new(PoolHooks {
+                    service: Arc::downgrade(service),
+                    persist: self.persist.clone(),
+                });
+                let c = IdleController::new(service.name.to_string(), config, lifecycle, hooks, restored);
+                service.set_sleep_controller(Some(c));
+            }
+        }
+    }
+
+    pub async fn remove(&self, name: &str) -> Result<(), String> {
+        let mut services = self.services.lock().await;
+        let removed = services.remove(name);
+        self.publish(&services);
+        self.save(&services);
+        let Some(service) = removed else {
+            return Err("service not found".into());
+        };
+        service.set_sleep_controller(None);
+        service.active().stop_health_checks();
+        tracing::info!(service = %name, "Removed");
+        Ok(())
+    }
+
+    pub async fn pause(&self, name: &str, drain_timeout: i64, pause_timeout: i64) -> Result<(), String> {
+        let service = self.with_service(name, |s| s.pause.pause(gotime::to_std(pause_timeout))).await?;
+        tracing::info!(service = %name, "Service paused");
+        service.active().drain(gotime::to_std(drain_timeout)).await;
+        tracing::info!(service = %name, "Service drained");
+        Ok(())
+    }
+
+    pub async fn stop(&self, name: &str, drain_timeout: i64, message: String) -> Result<(), String> {
+        let service = self.with_service(name, |s| s.pause.stop(message)).await?;
+        tracing::info!(service = %name, "Service stopped");
+        service.active().drain(gotime::to_std(drain_timeout)).await;
+        tracing::info!(service = %name, "Service drained");
+        Ok(())
+    }
+
+    pub async fn resume(&self, name: &str) -> Result<(), String> {
+        self.with_service(name, |s| s.pause.resume()).await?;
+        tracing::info!(service = %name, "Service resumed");
+        Ok(())
+    }
+
+    async fn with_service(&self, name: &str, f: impl FnOnce(&Service)) -> Result<Arc<Service>, String> {
+        let services = self.services.lock().await;
+        let found = services.get(name).cloned();
+        if let Some(s) = &found {
+            f(s);
+        }
+        self.save(&services);
+        found.ok_or_else(|| "service not found".to_string())
+    }
+
+    pub fn list(&self) -> ListResponse {
+        // `try_lock` keeps `list` answering during a long deploy; the snapshot is then
+        // read from the published route table instead.
+        let mut out = ListResponse::default();
+        let services: Vec<Arc<Service>> = match self.services.try_lock() {
+            Ok(s) => s.values().cloned().collect(),
+            Err(_) => {
+                let table = self.table.load();
+                let mut seen = BTreeMap::new();
+                for s in table_services(&table) {
+                    seen.insert(s.name.to_string(), s);
+                }
+                seen.into_values().collect()
+            }
+        };
+        for s in services {
+            let config = s.config();
+            let lb = s.active();
+            let o = &config.options;
+            let writers = lb.writer_addresses();
+            let readers = lb.reader_addresses();
+            let host = if o.has_configured_hosts() { o.hosts.join(",") } else { "*".into() };
+            out.services.insert(
+                s.name.to_string(),
+                ServiceDescription {
+                    host,
+                    path: o.path_prefixes.join(","),
+                    tls: o.tls_enabled,
+                    target: writers.iter().chain(readers.iter()).cloned().collect::<Vec<_>>().join(","),
+                    state: s.state_name(),
+                    hosts: o.hosts.iter().filter(|h| !h.is_empty()).cloned().collect(),
+                    path_prefixes: o.path_prefixes.clone(),
+                    targets: writers,
+                    reader_targets: readers,
+                },
+            );
+        }
+        out
+    }
+
+    fn publish(&self, services: &BTreeMap<String, Arc<Service>>) {
+        self.table.store(Arc::new(RouteTable::build(services.values())));
+    }
+
+    fn save(&self, services: &BTreeMap<String, Arc<Service>>) {
+        let states: Vec<ServiceState> = services.values().map(|s| snapshot(s)).collect();
+        if let Err(e) = state::save(&self.state_path, &states) {
+            tracing::error!(path = %self.state_path.display(), error = %e, "Failed to save state");
+        }
+    }
+
+    /// Graceful shutdown: stop probing so no task outlives the listeners.
+    pub async fn shutdown(&self) {
+        let services = self.services.lock().await;
+        for s in services.values() {
+            s.active().stop_health_checks();
+        }
+    }
+}
+
+fn table_services(table: &RouteTable) -> Vec<Arc<Service>> {
+    table.all_services()
+}
+
+fn snapshot(s: &Service) -> ServiceState {
+    let config = s.config();
+    let lb = s.active();
+    ServiceState {
+        name: s.name.to_string(),
+        options: config.options.clone(),
+        target_options: config.target_options.clone(),
+        active_targets: lb.writer_addresses(),
+        active_readers: lb.reader_addresses(),
+        rollout_targets: None,
+        rollout_readers: None,
+        pause_controller: s.pause.snapshot(),
+        rollout_controller: None,
+        idle_state: s.sleep_controller().map(|c| c.state().to_string()).unwrap_or_default(),
+        active_target: String::new(),
+        rollout_target: String::new(),
+        hosts: Vec::new(),
+        path_prefixes: Vec::new(),
+    }
+}
+
+/// The name of another service already bound to one of these (host, prefix) pairs.
+fn conflicting_service(
+    services: &BTreeMap<String, Arc<Service>>,
+    name: &str,
+    options: &ServiceOptions,
+) -> Option<String> {
+    for (other_name, other) in services {
+        if other_name == name {
+            continue;
+        }
+        let other = other.config();
+        let clash = options.hosts.iter().any(|h| {
+            other.options.hosts.contains(h)
+                && options.path_prefixes.iter().any(|p| other.options.path_prefixes.contains(p))
+        });
+        if clash {
+            return Some(other_name.clone());
+        }
+    }
+    None
+}
+
+/// What the idle controller needs from the service's pool and the router.
+struct PoolHooks {
+    service: Weak<Service>,
+    persist: Arc<Notify>,
+}
+
+impl SleepHooks for PoolHooks {
+    fn suspend(&self) {
+        if let Some(s) = self.service.upgrade() {
+            s.active().suspend();
+        }
+    }
+
+    fn resume_until_ready(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ()>> + Send + '_>> {
+        Box::pin(async move {
+            let Some(lb) = self.service.upgrade().map(|s| s.active()) else {
+                return Err(());
+            };
+            lb.resume();
+            lb.wait_until_serving(deadline).await
+        })
+    }
+
+    fn persist(&self) {
+        self.persist.notify_one();
+    }
+}

@@ -1,0 +1,197 @@
+//! The state file: every service, its options, targets, pause and idle state, so a
+//! restarted proxy serves exactly what it served before.
+//!
+//! Format history:
+//! - version 1: upstream kamal-proxy's bare JSON array of services (also what Go writes);
+//! - version 2: `{"version": 2, "services": [...]}`, same service objects plus the fork's
+//!   scale-to-zero keys. Every older version still loads.
+
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::service::options::{ServiceOptions, TargetOptions};
+use crate::service::pause::PauseSnapshot;
+
+pub const CURRENT_VERSION: u32 = 2;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ServiceState {
+    pub name: String,
+    #[serde(default)]
+    pub options: ServiceOptions,
+    #[serde(default)]
+    pub target_options: TargetOptions,
+    #[serde(default)]
+    pub active_targets: Vec<String>,
+    #[serde(default)]
+    pub active_readers: Vec<String>,
+    #[serde(default)]
+    pub rollout_targets: Option<Vec<String>>,
+    #[serde(default)]
+    pub rollout_readers: Option<Vec<String>>,
+    #[serde(default)]
+    pub pause_controller: PauseSnapshot,
+    #[serde(default)]
+    pub rollout_controller: Option<serde_json::Value>,
+    /// `active`, `sleeping`, … (absent in upstream files: awake).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub idle_state: String,
+    // Legacy upstream keys, read for compatibility and never written.
+    #[serde(default, skip_serializing)]
+    pub active_target: String,
+    #[serde(default, skip_serializing)]
+    pub rollout_target: String,
+    #[serde(default, skip_serializing)]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing)]
+    pub path_prefixes: Vec<String>,
+}
+
+impl ServiceState {
+    /// Applies upstream's legacy upgrades and normalises the options.
+    fn upgrade(&mut self) {
+        if self.active_targets.is_empty() && !self.active_target.is_empty() {
+            self.active_targets = vec![std::mem::take(&mut self.active_target)];
+        }
+        if self.rollout_targets.as_ref().is_none_or(|t| t.is_empty()) && !self.rollout_target.is_empty() {
+            self.rollout_targets = Some(vec![std::mem::take(&mut self.rollout_target)]);
+        }
+        if self.options.hosts.is_empty() && !self.hosts.is_empty() {
+            self.options.hosts = std::mem::take(&mut self.hosts);
+        }
+        if self.options.path_prefixes.is_empty() && !self.path_prefixes.is_empty() {
+            self.options.path_prefixes = std::mem::take(&mut self.path_prefixes);
+        }
+        self.options.normalize();
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct StateFileV2 {
+    version: u32,
+    services: Vec<ServiceState>,
+}
+
+#[derive(Debug)]
+pub enum LoadError {
+    Io(std::io::Error),
+    Corrupt(String),
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Io(e) => write!(f, "{e}"),
+            LoadError::Corrupt(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// `Ok(None)` when there is no state file yet.
+pub fn load(path: &Path) -> Result<Option<Vec<ServiceState>>, LoadError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(LoadError::Io(e)),
+    };
+    parse(&bytes).map(Some)
+}
+
+pub fn parse(bytes: &[u8]) -> Result<Vec<ServiceState>, LoadError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| LoadError::Corrupt(e.to_string()))?;
+    let mut services: Vec<ServiceState> = match value {
+        serde_json::Value::Array(_) => {
+            serde_json::from_value(value).map_err(|e| LoadError::Corrupt(e.to_string()))?
+        }
+        serde_json::Value::Object(ref o) => {
+            let version = o.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+            if version == 0 || version > u64::from(CURRENT_VERSION) {
+                return Err(LoadError::Corrupt(format!(
+                    "unsupported state file version {version} (this proxy reads 1 to {CURRENT_VERSION})"
+                )));
+            }
+            let file: StateFileV2 =
+                serde_json::from_value(value).map_err(|e| LoadError::Corrupt(e.to_string()))?;
+            file.services
+        }
+        serde_json::Value::Null => Vec::new(),
+        _ => return Err(LoadError::Corrupt("expected a list of services".into())),
+    };
+    for s in &mut services {
+        s.upgrade();
+    }
+    Ok(services)
+}
+
+/// Writes atomically: a temp file in the same directory, fsync, rename, fsync the
+/// directory. A crash at any point leaves either the old file or the new one.
+pub fn save(path: &Path, services: &[ServiceState]) -> std::io::Result<()> {
+    let file = StateFileV2 { version: CURRENT_VERSION, services: services.to_vec() };
+    let mut bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = tmp_path(path);
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+    }
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(format!(".tmp-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+/// Moves a corrupt file aside (never overwritten silently) and returns where it went.
+pub fn set_aside(path: &Path) -> std::io::Result<PathBuf> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(format!(".corrupt-{stamp}"));
+    let aside = path.with_file_name(name);
+    std::fs::rename(path, &aside)?;
+    Ok(aside)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_upstream_array_and_legacy_keys() {
+        let json = br#"[{"name":"app","hosts":["a.com"],"active_target":"web:3000","options":{"tls_redirect":true},"target_options":{"response_timeout":3000000000}}]"#;
+        let s = parse(json).unwrap();
+        assert_eq!(s[0].active_targets, vec!["web:3000"]);
+        assert_eq!(s[0].options.hosts, vec!["a.com"]);
+        assert_eq!(s[0].options.path_prefixes, vec!["/"]);
+        assert_eq!(s[0].target_options.response_timeout, 3_000_000_000);
+    }
+
+    #[test]
+    fn roundtrips_and_refuses_future_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kamal-proxy.state");
+        let svc = parse(br#"[{"name":"a","active_targets":["x:1"]}]"#).unwrap();
+        save(&path, &svc).unwrap();
+        let back = load(&path).unwrap().unwrap();
+        assert_eq!(back, svc);
+        assert!(std::fs::read_to_string(&path).unwrap().starts_with("{\"version\":2,"));
+        assert!(matches!(parse(br#"{"version":99,"services":[]}"#), Err(LoadError::Corrupt(_))));
+        assert!(matches!(parse(b"{not json"), Err(LoadError::Corrupt(_))));
+        assert!(load(&dir.path().join("missing")).unwrap().is_none());
+    }
+}

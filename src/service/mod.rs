@@ -1,0 +1,370 @@
+//! A deployed service and its request pipeline (steps 5–9 of ARCHITECTURE.md): the gates
+//! run in order, and each may answer the request itself.
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use std::sync::Arc;
+
+pub mod options;
+pub mod pause;
+pub mod sleep;
+
+use crate::balancer::LoadBalancer;
+use crate::observe::access::{Completion, header_values, log_key};
+use crate::proxy::body::ResponseBody;
+use crate::proxy::pages::{ErrorPages, error_response};
+use crate::proxy::{Forwarder, UpstreamRequest, headers};
+use options::{ServiceOptions, TargetOptions};
+use pause::{PauseController, PauseOutcome};
+use sleep::{HealthAnswer, IdleController, WakeError};
+
+/// Options compiled for the request path; swapped whole on redeploy.
+pub struct ServiceConfig {
+    pub options: ServiceOptions,
+    pub target_options: TargetOptions,
+    pub pages: Option<Arc<ErrorPages>>,
+    /// `--log-request-header`: (log key, header name).
+    pub log_request_headers: Vec<(String, HeaderName)>,
+    pub log_response_headers: Arc<Vec<String>>,
+}
+
+impl ServiceConfig {
+    pub fn build(options: ServiceOptions, target_options: TargetOptions) -> Result<Self, String> {
+        let pages = if options.error_page_path.is_empty() {
+            None
+        } else {
+            let pages = ErrorPages::load(std::path::Path::new(&options.error_page_path)).map_err(|e| {
+                tracing::error!(error = %e, "Unable to load error pages");
+                "unable to load error pages".to_string()
+            })?;
+            Some(Arc::new(pages))
+        };
+        let log_request_headers = target_options
+            .log_request_headers
+            .iter()
+            .map(|h| {
+                HeaderName::from_bytes(h.as_bytes())
+                    .map(|name| (log_key("req_", h), name))
+                    .map_err(|_| format!("invalid header name '{h}'"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for h in &target_options.log_response_headers {
+            HeaderName::from_bytes(h.as_bytes()).map_err(|_| format!("invalid header name '{h}'"))?;
+        }
+        Ok(ServiceConfig {
+            log_response_headers: Arc::new(target_options.log_response_headers.clone()),
+            options,
+            target_options,
+            pages,
+            log_request_headers,
+        })
+    }
+
+    fn is_health_check(&self, method: &Method, routed_path: &str) -> bool {
+        (method == Method::GET || method == Method::HEAD)
+            && routed_path == self.target_options.health_check_config.path
+    }
+}
+
+/// Facts about the connection a request arrived on.
+#[derive(Clone, Copy, Debug)]
+pub struct Conn {
+    pub client: std::net::SocketAddr,
+    pub tls: bool,
+}
+
+pub struct Service {
+    pub name: Arc<str>,
+    config: ArcSwap<ServiceConfig>,
+    active: ArcSwap<LoadBalancer>,
+    pub pause: PauseController,
+    sleep: ArcSwapOption<IdleController>,
+}
+
+impl Service {
+    pub fn new(name: &str, config: ServiceConfig, lb: Arc<LoadBalancer>, pause: PauseController) -> Self {
+        Service {
+            name: Arc::from(name),
+            config: ArcSwap::from_pointee(config),
+            active: ArcSwap::new(lb),
+            pause,
+            sleep: ArcSwapOption::empty(),
+        }
+    }
+
+    pub fn config(&self) -> Arc<ServiceConfig> {
+        self.config.load_full()
+    }
+
+    pub fn set_config(&self, config: ServiceConfig) {
+        self.config.store(Arc::new(config));
+    }
+
+    pub fn active(&self) -> Arc<LoadBalancer> {
+        self.active.load_full()
+    }
+
+    /// Installs a new pool and returns the one it replaces.
+    pub fn swap_active(&self, lb: Arc<LoadBalancer>) -> Arc<LoadBalancer> {
+        self.active.swap(lb)
+    }
+
+    pub fn sleep_controller(&self) -> Option<Arc<IdleController>> {
+        self.sleep.load_full()
+    }
+
+    pub fn set_sleep_controller(&self, c: Option<Arc<IdleController>>) {
+        if let Some(old) = self.sleep.swap(c) {
+            old.close();
+        }
+    }
+
+    /// The `State` column of `list`: a pause state wins, then a non-active idle state.
+    pub fn state_name(&self) -> String {
+        let pause = self.pause.state();
+        if pause != pause::PauseState::Running {
+            return pause.name().to_string();
+        }
+        match self.sleep_controller().map(|c| c.state()) {
+            Some(s) if s != sleep::IdleState::Active => s.to_string(),
+            _ => "running".to_string(),
+        }
+    }
+
+    /// Runs the service's part of the pipeline. `prefix` is the path prefix the router
+    /// matched. The returned response always carries `completion`.
+    pub async fn serve(
+        &self,
+        req: Request<Incoming>,
+        conn: Conn,
+        prefix: &str,
+        mut completion: Completion,
+        forwarder: &Forwarder,
+    ) -> Response<ResponseBody> {
+        let config = self.config.load_full();
+        let routed = routed_path(req.uri().path(), prefix, config.options.strip_prefix);
+        let excluded = config.options.exclude_metrics_paths.iter().any(|p| p == routed.as_ref());
+        completion.set_service(self.name.clone(), excluded);
+        if !config.log_request_headers.is_empty() || !config.log_response_headers.is_empty() {
+            let record = completion.record();
+            record.req_headers = config
+                .log_request_headers
+                .iter()
+                .map(|(key, name)| (key.clone(), header_values(req.headers(), name.as_str())))
+                .collect();
+            record.resp_header_names = config.log_response_headers.clone();
+        }
+        let pages = config.pages.as_ref();
+
+        // TLS mismatch: the request came over TLS but the service does not serve TLS.
+        if conn.tls && !config.options.tls_enabled {
+            return finish(error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None), completion);
+        }
+        if let Some(location) = redirect_location(&req, &config.options, conn.tls) {
+            return finish(redirect(&req, location), completion);
+        }
+
+        let is_health_check = config.is_health_check(req.method(), &routed);
+        if !self.pause.is_running() {
+            if is_health_check {
+                return finish(empty(StatusCode::OK), completion);
+            }
+            match self.pause.wait().await {
+                PauseOutcome::Proceed => {}
+                PauseOutcome::Stopped(message) => {
+                    let msg = (!message.is_empty()).then_some(message.as_str());
+                    return finish(error_response(StatusCode::SERVICE_UNAVAILABLE, pages, msg), completion);
+                }
+                PauseOutcome::TimedOut => {
+                    tracing::warn!(service = %self.name, path = %req.uri().path(), "Rejecting request due to expired pause");
+                    return finish(error_response(StatusCode::GATEWAY_TIMEOUT, pages, None), completion);
+                }
+            }
+        }
+
+        // The sleep gate: nothing above may start a container.
+        if let Some(controller) = self.sleep.load_full() {
+            if is_health_check {
+                match controller.health_check() {
+                    HealthAnswer::Forward => {}
+                    HealthAnswer::Healthy => return finish(empty(StatusCode::OK), completion),
+                    HealthAnswer::Unhealthy => {
+                        return finish(error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None), completion);
+                    }
+                }
+            } else {
+                match controller.admit().await {
+                    Ok(in_flight) => completion.idle = Some(in_flight),
+                    Err(e) => return finish(wake_failed(&self.name, &req, &e, pages), completion),
+                }
+            }
+        }
+
+        let lb = self.active.load_full();
+        let read = is_read_request(&req, config.options.read_targets_accept_websockets);
+        let Some(target) = lb.select(read) else {
+            return finish(error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None), completion);
+        };
+        completion.record().target = Some(target.address().to_string());
+        completion.target = Some(target.begin());
+
+        let path_and_query = upstream_path_and_query(&req, &routed);
+        let client_ip = conn.client.ip().to_string();
+        forwarder
+            .forward(
+                req,
+                UpstreamRequest {
+                    target: &target,
+                    path_and_query,
+                    options: &config.target_options,
+                    pages,
+                    client_ip: &client_ip,
+                    tls: conn.tls,
+                },
+                completion,
+            )
+            .await
+    }
+}
+
+pub fn finish(mut response: Response<ResponseBody>, mut completion: Completion) -> Response<ResponseBody> {
+    completion.set_response(response.status().as_u16(), response.headers());
+    response.body_mut().attach(completion);
+    response
+}
+
+fn empty(status: StatusCode) -> Response<ResponseBody> {
+    let mut r = Response::new(ResponseBody::empty());
+    *r.status_mut() = status;
+    r
+}
+
+/// The wake-failure answer: a 503 page with `Retry-After`, and nothing about containers or
+/// sockets (that goes to the log only).
+fn wake_failed(
+    service: &str,
+    req: &Request<Incoming>,
+    e: &WakeError,
+    pages: Option<&Arc<ErrorPages>>,
+) -> Response<ResponseBody> {
+    tracing::warn!(service = %service, path = %req.uri().path(), error = %e, "Rejecting request: service did not wake");
+    let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None);
+    if let Some(retry) = e.retry_after() {
+        let secs = retry.as_secs_f64().ceil().max(1.0) as u64;
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}
+
+/// The path the target sees: the prefix stripped (never empty) unless stripping is off.
+pub fn routed_path<'a>(path: &'a str, prefix: &str, strip: bool) -> std::borrow::Cow<'a, str> {
+    if prefix == "/" || !strip {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let rest = path.strip_prefix(prefix).unwrap_or(path);
+    if rest.is_empty() {
+        std::borrow::Cow::Borrowed("/")
+    } else if rest.starts_with('/') {
+        std::borrow::Cow::Borrowed(rest)
+    } else {
+        std::borrow::Cow::Owned(format!("/{rest}"))
+    }
+}
+
+fn upstream_path_and_query(req: &Request<Incoming>, routed: &str) -> PathAndQuery {
+    let original = req.uri().path_and_query();
+    if original.is_some_and(|pq| pq.path() == routed) {
+        if let Some(pq) = original {
+            return pq.clone();
+        }
+    }
+    let s = match req.uri().query() {
+        Some(q) => format!("{routed}?{q}"),
+        None => routed.to_string(),
+    };
+    PathAndQuery::try_from(s).unwrap_or_else(|_| PathAndQuery::from_static("/"))
+}
+
+fn is_read_request(req: &Request<Incoming>, websockets_to_readers: bool) -> bool {
+    let m = req.method();
+    (m == Method::GET || m == Method::HEAD)
+        && (websockets_to_readers || !headers::is_websocket(req.headers()))
+}
+
+/// Host header without its port (`[::1]` keeps its brackets).
+pub fn host_without_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return match host.find(']') {
+            Some(i) => &host[..=i],
+            None => host,
+        };
+    }
+    match host.rfind(':') {
+        Some(i) if i > 0 => &host[..i],
+        _ => host,
+    }
+}
+
+pub fn request_host<B>(req: &Request<B>) -> Option<&str> {
+    req.headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+}
+
+/// Upstream's TLS and canonical-host redirects: one 301 to the desired scheme and host.
+fn redirect_location(req: &Request<Incoming>, o: &ServiceOptions, tls: bool) -> Option<String> {
+    let host = host_without_port(request_host(req).unwrap_or(""));
+    let want_https = !tls && o.tls_enabled && o.tls_redirect;
+    let want_host = (!o.canonical_host.is_empty() && o.canonical_host != host).then_some(o.canonical_host.as_str());
+    if !want_https && want_host.is_none() {
+        return None;
+    }
+    let scheme = if want_https || tls { "https" } else { "http" };
+    let pq = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    Some(format!("{scheme}://{}{pq}", want_host.unwrap_or(host)))
+}
+
+fn redirect(req: &Request<Incoming>, location: String) -> Response<ResponseBody> {
+    let body = if req.method() == Method::GET {
+        format!("<a href=\"{}\">Moved Permanently</a>.\n\n", crate::proxy::pages::html_escape(&location))
+    } else {
+        String::new()
+    };
+    let mut r = Response::new(ResponseBody::full(Bytes::from(body)));
+    *r.status_mut() = StatusCode::MOVED_PERMANENTLY;
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    if req.method() == Method::GET || req.method() == Method::HEAD {
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    }
+    r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_prefixes() {
+        assert_eq!(routed_path("/app/show", "/app", true), "/show");
+        assert_eq!(routed_path("/app", "/app", true), "/");
+        assert_eq!(routed_path("/app/", "/app", true), "/");
+        assert_eq!(routed_path("/app/show", "/app", false), "/app/show");
+        assert_eq!(routed_path("/x", "/", true), "/x");
+    }
+
+    #[test]
+    fn hosts_lose_ports() {
+        assert_eq!(host_without_port("a.com:8080"), "a.com");
+        assert_eq!(host_without_port("a.com"), "a.com");
+        assert_eq!(host_without_port("[::1]:80"), "[::1]");
+        assert_eq!(host_without_port("[::1]"), "[::1]");
+    }
+}

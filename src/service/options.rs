@@ -1,0 +1,490 @@
+//! Service, target and deployment options: the values `deploy` sends, their defaults,
+//! normalisation and validation. The serde names are upstream's state-file keys, so a
+//! state file written by Go kamal-proxy loads here unchanged. Durations are stored as
+//! signed nanoseconds, as upstream does.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use std::time::Duration;
+
+use crate::gotime;
+
+pub const DEFAULT_DEPLOY_TIMEOUT: i64 = 30 * NS_PER_SEC;
+pub const DEFAULT_DRAIN_TIMEOUT: i64 = 30 * NS_PER_SEC;
+pub const DEFAULT_PAUSE_TIMEOUT: i64 = 30 * NS_PER_SEC;
+pub const DEFAULT_WRITER_AFFINITY_TIMEOUT: i64 = NS_PER_SEC;
+pub const DEFAULT_HEALTH_CHECK_PATH: &str = "/up";
+pub const DEFAULT_HEALTH_CHECK_INTERVAL: i64 = NS_PER_SEC;
+pub const DEFAULT_HEALTH_CHECK_TIMEOUT: i64 = 5 * NS_PER_SEC;
+pub const DEFAULT_TARGET_TIMEOUT: i64 = 30 * NS_PER_SEC;
+pub const DEFAULT_MAX_MEMORY_BUFFER_SIZE: i64 = 1 << 20;
+pub const DEFAULT_WAKE_TIMEOUT: i64 = 30 * NS_PER_SEC;
+pub const NS_PER_SEC: i64 = 1_000_000_000;
+
+/// Go's `nil` slices are written as `null`; accept both.
+fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    Ok(Option::<Vec<String>>::deserialize(d)?.unwrap_or_default())
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct ServiceOptions {
+    #[serde(deserialize_with = "null_as_empty")]
+    pub hosts: Vec<String>,
+    #[serde(deserialize_with = "null_as_empty")]
+    pub path_prefixes: Vec<String>,
+    pub tls_enabled: bool,
+    pub tls_certificate_path: String,
+    pub tls_private_key_path: String,
+    pub tls_on_demand_url: String,
+    pub tls_redirect: bool,
+    pub canonical_host: String,
+    pub acme_directory: String,
+    pub acme_cache_path: String,
+    pub error_page_path: String,
+    pub strip_prefix: bool,
+    pub writer_affinity_timeout: i64,
+    pub read_targets_accept_websockets: bool,
+    #[serde(deserialize_with = "null_as_empty")]
+    pub exclude_metrics_paths: Vec<String>,
+    pub client_ip_header: String,
+    /// Scale-to-zero (fork keys): omitted when unset so upstream files stay recognisable.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sleep_after: i64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub wake_timeout: i64,
+    #[serde(skip_serializing_if = "Vec::is_empty", deserialize_with = "null_as_empty")]
+    pub sleep_containers: Vec<String>,
+}
+
+impl Default for ServiceOptions {
+    /// Defaults of a file that omits a key are Go's zero values (legacy files restore
+    /// `tls_redirect: false`); the CLI fills in the user-facing defaults itself.
+    fn default() -> Self {
+        ServiceOptions {
+            hosts: Vec::new(),
+            path_prefixes: Vec::new(),
+            tls_enabled: false,
+            tls_certificate_path: String::new(),
+            tls_private_key_path: String::new(),
+            tls_on_demand_url: String::new(),
+            tls_redirect: false,
+            canonical_host: String::new(),
+            acme_directory: String::new(),
+            acme_cache_path: String::new(),
+            error_page_path: String::new(),
+            strip_prefix: false,
+            writer_affinity_timeout: 0,
+            read_targets_accept_websockets: false,
+            exclude_metrics_paths: Vec::new(),
+            client_ip_header: String::new(),
+            sleep_after: 0,
+            wake_timeout: 0,
+            sleep_containers: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct HealthCheckConfig {
+    pub path: String,
+    pub port: u16,
+    pub interval: i64,
+    pub timeout: i64,
+    pub host: String,
+}
+
+impl Default for HealthCheckConfig {
+    fn default() -> Self {
+        HealthCheckConfig {
+            path: DEFAULT_HEALTH_CHECK_PATH.into(),
+            port: 0,
+            interval: DEFAULT_HEALTH_CHECK_INTERVAL,
+            timeout: DEFAULT_HEALTH_CHECK_TIMEOUT,
+            host: String::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct TargetOptions {
+    pub health_check_config: HealthCheckConfig,
+    pub response_timeout: i64,
+    pub buffer_requests: bool,
+    pub buffer_responses: bool,
+    pub max_memory_buffer_size: i64,
+    pub max_request_body_size: i64,
+    pub max_response_body_size: i64,
+    #[serde(deserialize_with = "null_as_empty")]
+    pub log_request_headers: Vec<String>,
+    #[serde(deserialize_with = "null_as_empty")]
+    pub log_response_headers: Vec<String>,
+    pub forward_headers: bool,
+    pub scope_cookie_paths: bool,
+}
+
+impl Default for TargetOptions {
+    fn default() -> Self {
+        TargetOptions {
+            health_check_config: HealthCheckConfig::default(),
+            response_timeout: DEFAULT_TARGET_TIMEOUT,
+            buffer_requests: false,
+            buffer_responses: false,
+            max_memory_buffer_size: DEFAULT_MAX_MEMORY_BUFFER_SIZE,
+            max_request_body_size: 0,
+            max_response_body_size: 0,
+            log_request_headers: Vec::new(),
+            log_response_headers: Vec::new(),
+            forward_headers: true,
+            scope_cookie_paths: false,
+        }
+    }
+}
+
+impl TargetOptions {
+    pub fn response_timeout(&self) -> Duration {
+        gotime::to_std(self.response_timeout)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let hc = &self.health_check_config;
+        if hc.interval <= 0 {
+            return Err("health-check-interval must be positive".into());
+        }
+        if hc.timeout <= 0 {
+            return Err("health-check-timeout must be positive".into());
+        }
+        if self.response_timeout < 0 {
+            return Err("target-timeout cannot be negative".into());
+        }
+        if self.max_memory_buffer_size < 0
+            || self.max_request_body_size < 0
+            || self.max_response_body_size < 0
+        {
+            return Err("buffer sizes cannot be negative".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct DeploymentOptions {
+    pub deploy_timeout: i64,
+    pub drain_timeout: i64,
+    pub force: bool,
+}
+
+impl Default for DeploymentOptions {
+    fn default() -> Self {
+        DeploymentOptions {
+            deploy_timeout: DEFAULT_DEPLOY_TIMEOUT,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            force: false,
+        }
+    }
+}
+
+/// `api`, `/api/` and `api/` all mean `/api`; `/` stays `/`.
+pub fn normalize_prefix(prefix: &str) -> String {
+    format!("/{}", prefix.trim_matches('/'))
+}
+
+impl ServiceOptions {
+    /// Upstream's normalised view: no hosts means the default (empty) host, no prefixes
+    /// means the root path.
+    pub fn normalize(&mut self) {
+        if self.hosts.is_empty() {
+            self.hosts.push(String::new());
+        }
+        if self.path_prefixes.is_empty() {
+            self.path_prefixes.push("/".into());
+        }
+        for p in &mut self.path_prefixes {
+            *p = normalize_prefix(p);
+        }
+        if self.sleep_after > 0 && self.wake_timeout == 0 {
+            self.wake_timeout = DEFAULT_WAKE_TIMEOUT;
+        }
+    }
+
+    pub fn has_configured_hosts(&self) -> bool {
+        !self.hosts.is_empty() && self.hosts.iter().all(|h| !h.is_empty())
+    }
+
+    pub fn serves_root(&self) -> bool {
+        self.path_prefixes.iter().any(|p| p == "/")
+    }
+
+    pub fn sleep_enabled(&self) -> bool {
+        self.sleep_after > 0
+    }
+
+    /// Validation shared by the CLI (before connecting) and the server (on every deploy):
+    /// both give the same message. Runs on a normalised copy, as upstream does.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut o = self.clone();
+        o.normalize();
+        o.check().map_err(|e| format!("service options invalid: {e}"))
+    }
+
+    fn check(&self) -> Result<(), String> {
+        for host in &self.hosts {
+            validate_host(host)?;
+        }
+        if !self.tls_on_demand_url.is_empty() {
+            if !self.tls_enabled {
+                return Err("TLS must be enabled to use a TLS on-demand URL".into());
+            }
+            if self.has_configured_hosts() {
+                return Err("cannot set hosts when using a TLS on-demand URL".into());
+            }
+            if !self.tls_certificate_path.is_empty() || !self.tls_private_key_path.is_empty() {
+                return Err("cannot use a custom TLS certificate with a TLS on-demand URL".into());
+            }
+            if !self.canonical_host.is_empty() {
+                return Err("cannot set a canonical host when using a TLS on-demand URL".into());
+            }
+            validate_on_demand_url(&self.tls_on_demand_url)?;
+        } else if self.tls_enabled && !self.has_configured_hosts() {
+            return Err("host must be set when using TLS".into());
+        }
+        if self.tls_enabled && !self.serves_root() {
+            return Err("TLS settings must be specified on the root path service".into());
+        }
+        if self.tls_certificate_path.is_empty() != self.tls_private_key_path.is_empty() {
+            return Err(
+                "tls-certificate-path and tls-private-key-path must be set together".into(),
+            );
+        }
+        if !self.canonical_host.is_empty()
+            && self.hosts.first().is_some_and(|h| !h.is_empty())
+            && !self.hosts.contains(&self.canonical_host)
+        {
+            return Err(format!(
+                "canonical-host '{}' must be present in the hosts list: [{}]",
+                self.canonical_host,
+                self.hosts.join(" ")
+            ));
+        }
+        if self.sleep_after < 0 || self.wake_timeout < 0 {
+            return Err("sleep-after and wake-timeout cannot be negative".into());
+        }
+        if self.sleep_after > 0 && !self.tls_on_demand_url.is_empty() {
+            return Err("sleep-after cannot be used with a TLS on-demand URL".into());
+        }
+        if self.sleep_after <= 0 && !self.sleep_containers.is_empty() {
+            return Err("sleep-container requires sleep-after".into());
+        }
+        Ok(())
+    }
+}
+
+/// Hosts are matched as given; reject what can never match a Host header so a typo is
+/// caught at deploy rather than as a silent 404.
+fn validate_host(host: &str) -> Result<(), String> {
+    let bad = host
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '?' | '#' | '@' | ','));
+    if bad || host.starts_with('.') || (host.contains('*') && !host.starts_with("*.")) {
+        return Err(format!("invalid host '{host}'"));
+    }
+    if host.matches('*').count() > 1 {
+        return Err(format!("invalid host '{host}'"));
+    }
+    Ok(())
+}
+
+pub fn validate_on_demand_url(url: &str) -> Result<(), String> {
+    if url.starts_with("//") {
+        return Err("tls-on-demand-url must be a path or an absolute http(s) URL".into());
+    }
+    if url.starts_with('/') {
+        return Ok(());
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!(
+            "unable to parse tls-on-demand-url: parse \"{url}\": invalid URI for request"
+        ));
+    };
+    if scheme.is_empty() {
+        return Err(format!(
+            "unable to parse tls-on-demand-url: parse \"{url}\": missing protocol scheme"
+        ));
+    }
+    if scheme != "http" && scheme != "https" {
+        return Err(format!("unsupported scheme \"{scheme}\" in tls-on-demand-url"));
+    }
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if host.is_empty() {
+        return Err("missing host in tls-on-demand-url".into());
+    }
+    Ok(())
+}
+
+/// Upstream's target syntax: a word character followed by at least one of word, `-`, `_`,
+/// `.`, `+`, then an optional `:port`. IPv6 literals, schemes and paths are refused.
+pub fn validate_target(addr: &str) -> Result<(), String> {
+    let (host, port) = match addr.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (addr, None),
+    };
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut chars = host.chars();
+    let ok_host = match chars.next() {
+        Some(first) if word(first) => {
+            let rest: Vec<char> = chars.collect();
+            !rest.is_empty() && rest.iter().all(|&c| word(c) || matches!(c, '-' | '.' | '+'))
+        }
+        _ => false,
+    };
+    let ok_port = port.is_none_or(|p| {
+        !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) && p.parse::<u16>().is_ok()
+    });
+    if ok_host && ok_port {
+        Ok(())
+    } else {
+        Err(format!("{addr} :invalid host pattern"))
+    }
+}
+
+/// The container a target names, for scale-to-zero: its host part, unless that is an
+/// address rather than a name.
+pub fn container_ref(target: &str) -> Result<&str, String> {
+    let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
+    if host.is_empty() || host.parse::<std::net::IpAddr>().is_ok() {
+        return Err(format!(
+            "target {target} is an address, not a container; name the container with --sleep-container"
+        ));
+    }
+    Ok(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls(hosts: &[&str]) -> ServiceOptions {
+        ServiceOptions {
+            hosts: hosts.iter().map(|s| s.to_string()).collect(),
+            tls_enabled: true,
+            tls_redirect: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn prefixes_normalise() {
+        assert_eq!(normalize_prefix("api"), "/api");
+        assert_eq!(normalize_prefix("/api/"), "/api");
+        assert_eq!(normalize_prefix("a/b/"), "/a/b");
+        assert_eq!(normalize_prefix("/"), "/");
+        assert_eq!(normalize_prefix(""), "/");
+    }
+
+    #[test]
+    fn validation_messages_match_upstream() {
+        let e = |o: ServiceOptions| o.validate().unwrap_err();
+        assert_eq!(e(tls(&[])), "service options invalid: host must be set when using TLS");
+        let mut o = tls(&["a.com"]);
+        o.path_prefixes = vec!["/api".into()];
+        assert_eq!(
+            e(o),
+            "service options invalid: TLS settings must be specified on the root path service"
+        );
+        let mut o = tls(&[]);
+        o.tls_enabled = false;
+        o.tls_on_demand_url = "/allow".into();
+        assert_eq!(
+            e(o),
+            "service options invalid: TLS must be enabled to use a TLS on-demand URL"
+        );
+        let mut o = tls(&["a.com"]);
+        o.tls_on_demand_url = "/allow".into();
+        assert_eq!(
+            e(o),
+            "service options invalid: cannot set hosts when using a TLS on-demand URL"
+        );
+        let o = ServiceOptions {
+            hosts: vec!["a.com".into(), "b.com".into()],
+            canonical_host: "c.com".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            e(o),
+            "service options invalid: canonical-host 'c.com' must be present in the hosts list: [a.com b.com]"
+        );
+        let o = ServiceOptions { canonical_host: "c.com".into(), ..Default::default() };
+        assert!(o.validate().is_ok());
+    }
+
+    #[test]
+    fn sleep_validation() {
+        let o = ServiceOptions { sleep_after: -1, ..Default::default() };
+        assert!(o.validate().unwrap_err().ends_with("sleep-after and wake-timeout cannot be negative"));
+        let o = ServiceOptions { wake_timeout: -1, ..Default::default() };
+        assert!(o.validate().unwrap_err().ends_with("cannot be negative"));
+        let o = ServiceOptions { sleep_containers: vec!["x".into()], ..Default::default() };
+        assert!(o.validate().unwrap_err().ends_with("sleep-container requires sleep-after"));
+        let mut o = tls(&[]);
+        o.tls_on_demand_url = "/allow".into();
+        o.sleep_after = NS_PER_SEC;
+        assert!(o.validate().unwrap_err().ends_with("sleep-after cannot be used with a TLS on-demand URL"));
+    }
+
+    #[test]
+    fn wake_timeout_defaults_only_when_sleeping() {
+        let mut o = ServiceOptions { sleep_after: NS_PER_SEC, ..Default::default() };
+        o.normalize();
+        assert_eq!(o.wake_timeout, DEFAULT_WAKE_TIMEOUT);
+        let mut o = ServiceOptions::default();
+        o.normalize();
+        assert_eq!(o.wake_timeout, 0);
+    }
+
+    #[test]
+    fn target_syntax() {
+        for ok in ["web-1", "web-1:3000", "localhost:80", "127.0.0.1:8080", "abc123def456:80"] {
+            assert!(validate_target(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "_", "/", "a", "http://x:80", "[::1]:80", "x:port", "x:99999", "a/b"] {
+            assert_eq!(validate_target(bad).unwrap_err(), format!("{bad} :invalid host pattern"));
+        }
+    }
+
+    #[test]
+    fn container_refs() {
+        assert_eq!(container_ref("web-1:3000").unwrap(), "web-1");
+        assert_eq!(container_ref("abc123def456:80").unwrap(), "abc123def456");
+        assert!(container_ref("10.0.0.5:3000").unwrap_err().contains("--sleep-container"));
+        assert!(container_ref("127.0.0.1:80").is_err());
+    }
+
+    #[test]
+    fn on_demand_urls() {
+        assert!(validate_on_demand_url("/allow-host").is_ok());
+        assert!(validate_on_demand_url("https://x.com/check").is_ok());
+        assert!(validate_on_demand_url("allow-host").unwrap_err().starts_with("unable to parse"));
+        assert_eq!(
+            validate_on_demand_url("ftp://x").unwrap_err(),
+            "unsupported scheme \"ftp\" in tls-on-demand-url"
+        );
+        assert_eq!(validate_on_demand_url("http://").unwrap_err(), "missing host in tls-on-demand-url");
+        assert!(validate_on_demand_url("//x.com/a").unwrap_err().contains("must be a path"));
+    }
+
+    #[test]
+    fn state_keys_roundtrip_and_null_slices() {
+        let json = r#"{"hosts":null,"path_prefixes":["/"],"exclude_metrics_paths":null,"tls_redirect":true}"#;
+        let o: ServiceOptions = serde_json::from_str(json).unwrap();
+        assert!(o.hosts.is_empty());
+        assert!(o.tls_redirect);
+        let out = serde_json::to_string(&o).unwrap();
+        assert!(!out.contains("sleep_after"));
+    }
+}

@@ -1,0 +1,352 @@
+//! Real Docker Engine helpers for integration tests, driven through the `docker` CLI.
+//!
+//! The engine has no images and no registry, so the test image is imported from a
+//! busybox-static rootfs. Everything created carries the label `kamal-proxy-test=1`, so
+//! CI can sweep leftovers: `docker rm -f $(docker ps -aq --filter label=kamal-proxy-test=1)`.
+//! The shared image is left in place for the next test process (it is tiny).
+
+// Each test crate includes this file and uses a different subset of it.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub const TEST_IMAGE: &str = "kamal-proxy-test-busybox:latest";
+pub const TEST_LABEL: &str = "kamal-proxy-test=1";
+
+const BUSYBOX: &str = "/bin/busybox";
+const APPLETS: &[&str] = &[
+    "sh", "httpd", "nc", "sleep", "cat", "echo", "ls", "wget", "mkdir",
+];
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// A port picked by binding `:0` can be taken again before httpd binds it; retry then.
+const RUN_ATTEMPTS: usize = 3;
+
+/// True when a Docker Engine answers `docker info`. Checked once per process.
+pub fn docker_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        Command::new("docker")
+            .args(["info", "--format", "{{.ServerVersion}}"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    })
+}
+
+/// Call first in every Docker test: `if !require_docker() { return; }`.
+/// Off CI a missing engine skips the test (with a note); on CI it fails it.
+pub fn require_docker() -> bool {
+    if docker_available() {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "CI=true but no Docker Engine answers `docker info`: Docker tests must not be skipped on CI \
+             (start one as in rust-stack.md §6.2, or fix DOCKER_HOST)"
+        );
+    }
+    eprintln!(
+        "skipping: no Docker Engine answers `docker info` (set CI=true to make this a failure)"
+    );
+    false
+}
+
+/// Imports the busybox test image once per process. Concurrent test processes each
+/// import under a private tag and then move the shared tag, which Docker does atomically,
+/// so nobody ever sees a half-built image.
+pub fn ensure_test_image() -> String {
+    static IMAGE: OnceLock<String> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            if !docker_ok(&["image", "inspect", TEST_IMAGE]) {
+                import_test_image();
+            }
+            TEST_IMAGE.to_owned()
+        })
+        .clone()
+}
+
+fn import_test_image() {
+    assert!(
+        Path::new(BUSYBOX).is_file(),
+        "{BUSYBOX} is missing: install Debian's busybox-static (it must be statically linked)"
+    );
+    let rootfs = tempfile::tempdir().expect("temp dir for the rootfs");
+    let bin = rootfs.path().join("bin");
+    let www = rootfs.path().join("www");
+    std::fs::create_dir_all(&bin).expect("create rootfs/bin");
+    std::fs::create_dir_all(&www).expect("create rootfs/www");
+    std::fs::copy(BUSYBOX, bin.join("busybox")).expect("copy busybox into the rootfs");
+    for applet in APPLETS {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet symlink");
+    }
+    std::fs::write(www.join("up"), "ok\n").expect("write /www/up");
+
+    let private_tag = format!("kamal-proxy-test-busybox:build-{}", unique_suffix());
+    let mut tar = Command::new("tar")
+        .arg("-C")
+        .arg(rootfs.path())
+        .args(["-c", "."])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run tar");
+    let tar_out = tar.stdout.take().expect("tar stdout");
+    let import = Command::new("docker")
+        .args([
+            "import",
+            "--change",
+            r#"CMD ["/bin/httpd", "-f", "-p", "3000", "-h", "/www"]"#,
+            "--change",
+            &format!("LABEL {TEST_LABEL}"),
+            "-",
+            &private_tag,
+        ])
+        .stdin(tar_out)
+        .output()
+        .expect("run docker import");
+    assert!(
+        tar.wait().expect("wait for tar").success(),
+        "tar of the rootfs failed"
+    );
+    assert!(
+        import.status.success(),
+        "docker import failed: {}",
+        stderr(&import)
+    );
+    docker(&["tag", &private_tag, TEST_IMAGE]);
+    // Drops only the private tag; the image stays under TEST_IMAGE. Best effort: if
+    // another process moved TEST_IMAGE meanwhile and started containers from our image,
+    // Docker refuses, and the labelled image is left for the CI sweep.
+    let _ = docker_output(&["rmi", &private_tag]);
+}
+
+/// A container removed (`docker rm -f`) when dropped, so a failing test still cleans up.
+#[derive(Debug)]
+pub struct TestContainer {
+    pub name: String,
+    /// The loopback port httpd listens on (host network), or 0 when it serves nothing.
+    pub port: u16,
+}
+
+impl Drop for TestContainer {
+    fn drop(&mut self) {
+        remove(&self.name);
+    }
+}
+
+/// Runs busybox httpd serving `/www` (`GET /up` → `ok`) on 127.0.0.1, and waits until it
+/// answers.
+pub fn run_httpd(name_prefix: &str) -> TestContainer {
+    let mut last_error = String::new();
+    for _ in 0..RUN_ATTEMPTS {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let container = run_container(
+            name_prefix,
+            port,
+            true,
+            &["/bin/httpd", "-f", "-p", &listen, "-h", "/www"],
+        );
+        match wait_until_ready(&container) {
+            Ok(()) => return container,
+            Err(e) => last_error = e,
+        }
+    }
+    panic!("httpd test container never became ready: {last_error}");
+}
+
+/// Like [`run_httpd`], but httpd starts only after `delay` (every start, so every wake),
+/// and this returns at once without waiting for readiness.
+pub fn run_httpd_with_boot_delay(name_prefix: &str, delay: Duration) -> TestContainer {
+    let port = free_port();
+    let script = format!(
+        "sleep {:.3}; exec httpd -f -p 127.0.0.1:{port} -h /www",
+        delay.as_secs_f64()
+    );
+    run_container(name_prefix, port, true, &["/bin/sh", "-c", &script])
+}
+
+/// Runs `command` in the test image on the host network. With `init` false the command
+/// is PID 1, which the kernel shields from signals it has no handler for (SIGTERM
+/// included): use that to get a container only SIGKILL stops.
+pub fn run_container(name_prefix: &str, port: u16, init: bool, command: &[&str]) -> TestContainer {
+    let image = ensure_test_image();
+    let container = TestContainer {
+        name: format!("{name_prefix}-{}", unique_suffix()),
+        port,
+    };
+    let mut args = vec![
+        "run",
+        "-d",
+        "--network",
+        "host",
+        "--label",
+        TEST_LABEL,
+        "--name",
+        &container.name,
+    ];
+    if init {
+        args.push("--init");
+    }
+    args.push(&image);
+    args.extend_from_slice(command);
+    docker(&args);
+    container
+}
+
+pub fn is_running(name: &str) -> bool {
+    let out = docker_output(&["inspect", "--format", "{{.State.Running}}", name]);
+    out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "true"
+}
+
+pub fn stop(name: &str) {
+    docker(&["stop", name]);
+}
+
+/// Removes the container if it exists; never fails (used from `Drop`).
+pub fn remove(name: &str) {
+    let _ = docker_output(&["rm", "-f", "-v", name]);
+}
+
+/// The container's full id, as `docker inspect` reports it.
+pub fn container_id(name: &str) -> String {
+    let out = docker(&["inspect", "--format", "{{.Id}}", name]);
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// How many times the container was started since `since_unix` (seconds since the epoch).
+pub fn start_events_since(name: &str, since_unix: i64) -> usize {
+    // Fractional "now": a whole-second bound would either cut off this second's events
+    // or, rounded up, make `docker events` wait for the future.
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    let until = format!("{}.{:09}", now.as_secs(), now.subsec_nanos());
+    let out = docker(&[
+        "events",
+        "--since",
+        &since_unix.to_string(),
+        "--until",
+        &until,
+        "--filter",
+        &format!("container={name}"),
+        "--filter",
+        "event=start",
+        "--format",
+        "{{.Status}}",
+    ]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.trim() == "start")
+        .count()
+}
+
+pub fn now_unix() -> i64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    i64::try_from(since_epoch.as_secs()).expect("time fits i64")
+}
+
+/// One plain HTTP/1.0 GET to 127.0.0.1:`port`; returns (status code, body).
+pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let invalid =
+        || std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed HTTP response");
+    let (head, body) = response.split_once("\r\n\r\n").ok_or_else(invalid)?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(invalid)?;
+    Ok((status, body.to_owned()))
+}
+
+/// Polls `GET /up` until it answers `ok`. Gives up early when the container exits
+/// (httpd could not bind its port).
+pub fn wait_until_ready(container: &TestContainer) -> Result<(), String> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        match http_get(container.port, "/up") {
+            Ok((200, body)) if body.trim() == "ok" => return Ok(()),
+            _ if Instant::now() > deadline => {
+                return Err(format!(
+                    "{} not serving /up after {READY_TIMEOUT:?}",
+                    container.name
+                ));
+            }
+            _ if !is_running(&container.name) => {
+                return Err(format!("{} exited before serving /up", container.name));
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|listener| listener.local_addr())
+        .expect("bind an ephemeral loopback port")
+        .port()
+}
+
+/// Unique across threads and concurrent test processes.
+fn unique_suffix() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{}-{}-{nanos:09}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn docker_output(args: &[&str]) -> Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("run the docker CLI")
+}
+
+fn docker_ok(args: &[&str]) -> bool {
+    docker_output(args).status.success()
+}
+
+/// Runs `docker <args>` and panics with its stderr when it fails.
+fn docker(args: &[&str]) -> Output {
+    let out = docker_output(args);
+    assert!(
+        out.status.success(),
+        "docker {} failed: {}",
+        args.join(" "),
+        stderr(&out)
+    );
+    out
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).trim().to_owned()
+}
+
+/// The engine's Unix socket as the docker CLI sees it (`DOCKER_HOST=unix://…`), so the
+/// code under test talks to the same engine as these helpers.
+pub fn docker_socket_path() -> std::path::PathBuf {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|host| host.strip_prefix("unix://").map(std::path::PathBuf::from))
+        .unwrap_or_else(|| "/var/run/docker.sock".into())
+}
