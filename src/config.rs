@@ -15,19 +15,25 @@ pub fn env_value(key: &str) -> Option<String> {
 /// An environment default for an integer flag. Like upstream, an unparseable value falls
 /// back to the built-in default rather than failing.
 pub fn env_int<T: std::str::FromStr>(key: &str, default: T) -> T {
-    env_value(key).and_then(|v| v.parse().ok()).unwrap_or(default)
+    env_value(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// An environment default for a boolean flag, with Go's `strconv.ParseBool` spellings.
 pub fn env_bool(key: &str, default: bool) -> bool {
-    env_value(key).and_then(|v| parse_go_bool(&v).ok()).unwrap_or(default)
+    env_value(key)
+        .and_then(|v| parse_go_bool(&v).ok())
+        .unwrap_or(default)
 }
 
 pub fn parse_go_bool(v: &str) -> Result<bool, String> {
     match v {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(format!("strconv.ParseBool: parsing \"{v}\": invalid syntax")),
+        _ => Err(format!(
+            "strconv.ParseBool: parsing \"{v}\": invalid syntax"
+        )),
     }
 }
 

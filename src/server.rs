@@ -13,10 +13,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::observe::access::{AccessRecord, Completion, header_values};
+use crate::proxy::Forwarder;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::headers::{X_FORWARDED_FOR, X_REQUEST_ID, X_REQUEST_START};
 use crate::proxy::pages::error_response;
-use crate::proxy::Forwarder;
 use crate::router::Router;
 use crate::service::{Conn, finish, host_without_port, request_host};
 
@@ -69,7 +69,11 @@ fn set_dual_stack(socket: &tokio::net::TcpSocket) -> std::io::Result<()> {
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 fn io_text(e: &std::io::Error) -> String {
@@ -112,7 +116,10 @@ pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, stop: Cancella
     drop(open_tx);
     draining.cancel();
     // recv() returns None once every connection task has dropped its sender.
-    if tokio::time::timeout(SHUTDOWN_TIMEOUT, open_rx.recv()).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_TIMEOUT, open_rx.recv())
+        .await
+        .is_err()
+    {
         tracing::warn!("Closing active connections");
     }
 }
@@ -127,7 +134,10 @@ async fn serve_connection(
     draining: CancellationToken,
 ) {
     let _ = stream.set_nodelay(true);
-    let conn = Conn { client: normalize(client), tls };
+    let conn = Conn {
+        client: normalize(client),
+        tls,
+    };
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
         async move { Ok::<_, Infallible>(handle(&proxy, req, conn).await) }
@@ -160,7 +170,11 @@ fn normalize(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-pub async fn handle(proxy: &Proxy, mut req: Request<Incoming>, conn: Conn) -> Response<ResponseBody> {
+pub async fn handle(
+    proxy: &Proxy,
+    mut req: Request<Incoming>,
+    conn: Conn,
+) -> Response<ResponseBody> {
     if req.uri().path() == PING_PATH {
         return ping();
     }
@@ -171,16 +185,24 @@ pub async fn handle(proxy: &Proxy, mut req: Request<Incoming>, conn: Conn) -> Re
 
     let host = host_without_port(request_host(&req).unwrap_or(""));
     let Some((service, prefix)) = proxy.router.lookup(host, req.uri().path()) else {
-        return finish(error_response(StatusCode::NOT_FOUND, None, None), completion);
+        return finish(
+            error_response(StatusCode::NOT_FOUND, None, None),
+            completion,
+        );
     };
-    service.serve(req, conn, &prefix, completion, &proxy.forwarder).await
+    service
+        .serve(req, conn, &prefix, completion, &proxy.forwarder)
+        .await
 }
 
 fn ping() -> Response<ResponseBody> {
     let mut r = Response::new(ResponseBody::full(&b"OK\n"[..]));
-    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }
 
@@ -196,7 +218,11 @@ fn ensure_request_id(req: &mut Request<Incoming>) -> String {
 }
 
 fn ensure_request_start(req: &mut Request<Incoming>) {
-    if req.headers().get(&X_REQUEST_START).is_some_and(|v| !v.is_empty()) {
+    if req
+        .headers()
+        .get(&X_REQUEST_START)
+        .is_some_and(|v| !v.is_empty())
+    {
         return;
     }
     let ms = std::time::SystemTime::now()
@@ -208,7 +234,12 @@ fn ensure_request_start(req: &mut Request<Incoming>) {
     }
 }
 
-fn access_record(proxy: &Proxy, req: &Request<Incoming>, conn: Conn, request_id: String) -> AccessRecord {
+fn access_record(
+    proxy: &Proxy,
+    req: &Request<Incoming>,
+    conn: Conn,
+    request_id: String,
+) -> AccessRecord {
     let headers = req.headers();
     let text = |name: header::HeaderName| {
         headers
@@ -225,11 +256,21 @@ fn access_record(proxy: &Proxy, req: &Request<Incoming>, conn: Conn, request_id:
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<i64>().ok())
-        .unwrap_or(if req.method() == http::Method::GET || req.method() == http::Method::HEAD { 0 } else { -1 });
+        .unwrap_or(
+            if req.method() == http::Method::GET || req.method() == http::Method::HEAD {
+                0
+            } else {
+                -1
+            },
+        );
     AccessRecord {
         started: tokio::time::Instant::now(),
         host: request_host(req).unwrap_or("").to_string(),
-        port: if conn.tls { proxy.https_port } else { proxy.http_port },
+        port: if conn.tls {
+            proxy.https_port
+        } else {
+            proxy.http_port
+        },
         path: req.uri().path().to_string(),
         request_id,
         status: 200,

@@ -6,6 +6,13 @@ async fn deploy_and_serve() {
     let backend = Backend::start("one").await;
     let proxy = Proxy::start();
     proxy.deploy("app", &backend.target(), &[]);
-    let body = client().get(proxy.url("/")).send().await.unwrap().text().await.unwrap();
+    let body = client()
+        .get(proxy.url("/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert_eq!(body, "one");
 }

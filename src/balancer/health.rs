@@ -56,7 +56,10 @@ pub async fn probe(
         Err(_) => Err("request timed out".into()),
         Ok(Err(e)) => Err(describe_client_error(&e)),
         Ok(Ok(response)) if response.status().is_success() => Ok(()),
-        Ok(Ok(response)) => Err(format!("unexpected status ({})", response.status().as_u16())),
+        Ok(Ok(response)) => Err(format!(
+            "unexpected status ({})",
+            response.status().as_u16()
+        )),
     }
 }
 

@@ -91,11 +91,17 @@ impl LoadBalancer {
     }
 
     pub fn writer_addresses(&self) -> Vec<String> {
-        self.writers.iter().map(|t| t.address().to_string()).collect()
+        self.writers
+            .iter()
+            .map(|t| t.address().to_string())
+            .collect()
     }
 
     pub fn reader_addresses(&self) -> Vec<String> {
-        self.readers.iter().map(|t| t.address().to_string()).collect()
+        self.readers
+            .iter()
+            .map(|t| t.address().to_string())
+            .collect()
     }
 
     pub fn all_targets(&self) -> impl Iterator<Item = &Arc<Target>> {

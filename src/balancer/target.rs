@@ -65,7 +65,9 @@ pub struct Target {
 
 impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Target").field("address", &self.address).finish()
+        f.debug_struct("Target")
+            .field("address", &self.address)
+            .finish()
     }
 }
 
@@ -115,7 +117,10 @@ impl Target {
     pub fn begin(self: &Arc<Self>) -> TargetGuard {
         self.inflight.fetch_add(1, Ordering::AcqRel);
         let tokens = self.tokens.load_full();
-        TargetGuard { target: self.clone(), tokens }
+        TargetGuard {
+            target: self.clone(),
+            tokens,
+        }
     }
 
     /// Waits up to `timeout` for in-flight requests to finish, then cancels the rest.

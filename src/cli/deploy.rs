@@ -10,10 +10,13 @@ use crate::service::options::*;
 const STAGING_DIRECTORY: &str = "https://acme-staging-v02.api.letsencrypt.org/directory";
 
 #[derive(Args, Debug)]
-#[command(about = "Deploy a target host", long_about = "Deploy a target host.\n\n\
+#[command(
+    about = "Deploy a target host",
+    long_about = "Deploy a target host.\n\n\
 Waits until every target is healthy (unless --force), switches traffic atomically, then drains\n\
 the previous targets before returning.\n\n\
-Example:\n  kamal-proxy deploy app-web --target=\"app-web-1234:3000\" --host=\"app.example.com\"")]
+Example:\n  kamal-proxy deploy app-web --target=\"app-web-1234:3000\" --host=\"app.example.com\""
+)]
 pub struct DeployCmd {
     /// Name of the service
     service: String,
@@ -149,15 +152,21 @@ impl DeployCmd {
         // Upstream checks presence, not value: Kamal sends `--buffer-requests="false"`
         // together with `--max-request-body`, which must pass.
         if self.max_request_body.is_some() && self.buffer_requests.is_none() {
-            return Err("max-request-body can only be set when request buffering is enabled".into());
+            return Err(
+                "max-request-body can only be set when request buffering is enabled".into(),
+            );
         }
         if self.max_response_body.is_some() && self.buffer_responses.is_none() {
-            return Err("max-response-body can only be set when response buffering is enabled".into());
+            return Err(
+                "max-response-body can only be set when response buffering is enabled".into(),
+            );
         }
         let tls = self.tls.unwrap_or(false);
         let acme_cache_path = match &self.tls_acme_cache_path {
             Some(p) => p.clone(),
-            None => crate::config::default_acme_cache_path().display().to_string(),
+            None => crate::config::default_acme_cache_path()
+                .display()
+                .to_string(),
         };
         let service_options = ServiceOptions {
             hosts: non_empty(self.host.clone()),
@@ -168,7 +177,11 @@ impl DeployCmd {
             tls_on_demand_url: self.tls_on_demand_url.clone(),
             tls_redirect: self.tls_redirect.unwrap_or(true),
             canonical_host: self.canonical_host.clone(),
-            acme_directory: if self.tls_staging.unwrap_or(false) { STAGING_DIRECTORY.into() } else { String::new() },
+            acme_directory: if self.tls_staging.unwrap_or(false) {
+                STAGING_DIRECTORY.into()
+            } else {
+                String::new()
+            },
             acme_cache_path,
             error_page_path: self.error_pages.clone(),
             strip_prefix: self.strip_path_prefix.unwrap_or(true),
@@ -222,6 +235,6 @@ impl DeployCmd {
 
     pub fn execute(&self) -> Result<(), String> {
         let args = self.to_args()?;
-        super::call(Request::Deploy(args)).map(|_| ())
+        super::call(Request::Deploy(Box::new(args))).map(|_| ())
     }
 }

@@ -18,7 +18,10 @@ impl ListCmd {
             _ => return Err("unexpected reply from the server".into()),
         };
         if self.json {
-            println!("{}", serde_json::to_string(&list).map_err(|e| e.to_string())?);
+            println!(
+                "{}",
+                serde_json::to_string(&list).map_err(|e| e.to_string())?
+            );
         } else {
             print!("{}", render_table(&list));
         }

@@ -19,7 +19,9 @@ use crate::control::{Request, Response, client};
     long_about = "HTTP proxy for zero downtime deployments, with scale-to-zero.\n\n\
 Run the server with `kamal-proxy run`; every other command talks to it over its control socket\n\
 ($KAMAL_PROXY_SOCKET, else $XDG_RUNTIME_DIR/kamal-proxy.sock, else /tmp/kamal-proxy.sock).",
-    disable_version_flag = true
+    disable_version_flag = true,
+    // pflag semantics: a repeated scalar flag is not an error, the last one wins.
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -112,7 +114,10 @@ fn report_parse_error(e: clap::Error) -> i32 {
             if flag.starts_with("--") {
                 format!("unknown flag: {flag}")
             } else if flag.starts_with('-') {
-                format!("unknown shorthand flag: '{}' in {flag}", flag.trim_start_matches('-'))
+                format!(
+                    "unknown shorthand flag: '{}' in {flag}",
+                    flag.trim_start_matches('-')
+                )
             } else {
                 format!("unexpected argument \"{flag}\"")
             }
@@ -123,7 +128,11 @@ fn report_parse_error(e: clap::Error) -> i32 {
         ),
         ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
             let arg = context(ContextKind::InvalidArg);
-            let flag = arg.split([' ', '=', '[']).next().unwrap_or(&arg).to_string();
+            let flag = arg
+                .split([' ', '=', '['])
+                .next()
+                .unwrap_or(&arg)
+                .to_string();
             let value = context(ContextKind::InvalidValue);
             let reason = e
                 .source()
@@ -136,7 +145,15 @@ fn report_parse_error(e: clap::Error) -> i32 {
             if missing.starts_with("--") {
                 let names: Vec<String> = missing
                     .split(", ")
-                    .map(|m| format!("\"{}\"", m.trim_start_matches("--").split([' ', '=', '<']).next().unwrap_or("")))
+                    .map(|m| {
+                        format!(
+                            "\"{}\"",
+                            m.trim_start_matches("--")
+                                .split([' ', '=', '<'])
+                                .next()
+                                .unwrap_or("")
+                        )
+                    })
                     .collect();
                 format!("required flag(s) {} not set", names.join(", "))
             } else {

@@ -13,10 +13,13 @@ use crate::router::Router;
 use crate::server::{self, Proxy};
 
 #[derive(Args, Debug)]
-#[command(about = "Run the server", long_about = "Run the server.\n\n\
+#[command(
+    about = "Run the server",
+    long_about = "Run the server.\n\n\
 Each flag can also be set from the environment: KAMAL_PROXY_<NAME>, then <NAME>\n\
 (e.g. KAMAL_PROXY_HTTP_PORT or HTTP_PORT); an explicit flag wins.\n\n\
-Example:\n  kamal-proxy run --http-port=8080 --metrics-port=9090")]
+Example:\n  kamal-proxy run --http-port=8080 --metrics-port=9090"
+)]
 pub struct RunArgs {
     /// Include debugging logs [env: KAMAL_PROXY_DEBUG, DEBUG]
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, default_value_t = env_bool("DEBUG", false), value_name = "BOOL")]
@@ -41,7 +44,10 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> i32 {
     let _log_guard = crate::observe::logfmt::init(args.debug);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("Error: {e}");
@@ -81,12 +87,19 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         tasks.push(tokio::spawn(server::serve_metrics(listener, stop.clone())));
     }
     let http = server::bind(args.http_port).await?;
-    let http_port = http.local_addr().map(|a| a.port()).unwrap_or(args.http_port);
+    let http_port = http
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or(args.http_port);
     if args.http3 {
         tracing::warn!("HTTP/3 is not available yet; serving HTTP/1.1 only");
     }
-    let control = ControlListener::bind(&crate::config::socket_path())
-        .map_err(|e| format!("listen unix {}: {e}", crate::config::socket_path().display()))?;
+    let control = ControlListener::bind(&crate::config::socket_path()).map_err(|e| {
+        format!(
+            "listen unix {}: {e}",
+            crate::config::socket_path().display()
+        )
+    })?;
     let proxy = Arc::new(Proxy {
         router: router.clone(),
         forwarder: crate::proxy::Forwarder::new(),
@@ -111,7 +124,10 @@ async fn serve(args: RunArgs) -> Result<(), String> {
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         // Without signal handlers we cannot stop gracefully; wait forever instead.
         std::future::pending::<()>().await;
         return;

@@ -36,7 +36,11 @@ pub struct StopCmd {
 }
 
 fn non_negative(flag: &str, v: i64) -> Result<(), String> {
-    if v < 0 { Err(format!("{flag} cannot be negative")) } else { Ok(()) }
+    if v < 0 {
+        Err(format!("{flag} cannot be negative"))
+    } else {
+        Ok(())
+    }
 }
 
 pub fn remove(a: ServiceArg) -> Result<(), String> {

@@ -23,11 +23,23 @@ pub struct DeployArgs {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum Request {
-    Deploy(DeployArgs),
-    Remove { service: String },
-    Pause { service: String, drain_timeout: i64, pause_timeout: i64 },
-    Stop { service: String, drain_timeout: i64, message: String },
-    Resume { service: String },
+    Deploy(Box<DeployArgs>),
+    Remove {
+        service: String,
+    },
+    Pause {
+        service: String,
+        drain_timeout: i64,
+        pause_timeout: i64,
+    },
+    Stop {
+        service: String,
+        drain_timeout: i64,
+        message: String,
+    },
+    Resume {
+        service: String,
+    },
     List,
 }
 

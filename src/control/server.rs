@@ -26,7 +26,10 @@ impl ControlListener {
             Err(e) => return Err(e),
         }
         let listener = UnixListener::bind(path)?;
-        Ok(ControlListener { listener, path: path.to_path_buf() })
+        Ok(ControlListener {
+            listener,
+            path: path.to_path_buf(),
+        })
     }
 
     pub async fn serve(self, router: Arc<Router>) {
@@ -53,7 +56,10 @@ impl Drop for ControlListener {
 
 async fn handle(mut stream: UnixStream, router: Arc<Router>) {
     let mut buf = Vec::new();
-    let read = (&mut stream).take(MAX_REQUEST_BYTES).read_to_end(&mut buf).await;
+    let read = (&mut stream)
+        .take(MAX_REQUEST_BYTES)
+        .read_to_end(&mut buf)
+        .await;
     let response = match read {
         Err(e) => Response::Error(format!("failed to read request: {e}")),
         Ok(_) => match serde_json::from_slice::<Request>(&buf) {
@@ -69,14 +75,18 @@ async fn handle(mut stream: UnixStream, router: Arc<Router>) {
 
 async fn dispatch(router: &Arc<Router>, request: Request) -> Response {
     let result = match request {
-        Request::Deploy(args) => router.deploy(args).await,
+        Request::Deploy(args) => router.deploy(*args).await,
         Request::Remove { service } => router.remove(&service).await,
-        Request::Pause { service, drain_timeout, pause_timeout } => {
-            router.pause(&service, drain_timeout, pause_timeout).await
-        }
-        Request::Stop { service, drain_timeout, message } => {
-            router.stop(&service, drain_timeout, message).await
-        }
+        Request::Pause {
+            service,
+            drain_timeout,
+            pause_timeout,
+        } => router.pause(&service, drain_timeout, pause_timeout).await,
+        Request::Stop {
+            service,
+            drain_timeout,
+            message,
+        } => router.stop(&service, drain_timeout, message).await,
         Request::Resume { service } => router.resume(&service).await,
         Request::List => return Response::List(router.list()),
     };

@@ -12,7 +12,8 @@ use std::time::Duration;
 pub mod docker;
 
 /// A boxed future, so the trait stays object-safe (`Arc<dyn ContainerLifecycle>`).
-pub type LifecycleFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LifecycleError>> + Send + 'a>>;
+pub type LifecycleFuture<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, LifecycleError>> + Send + 'a>>;
 
 pub trait ContainerLifecycle: Send + Sync + 'static {
     /// Succeeds when the container is running afterwards, including when it already was.
@@ -36,7 +37,11 @@ pub enum LifecycleError {
     /// The socket refuses the operation (HTTP 403, e.g. a hardened socket proxy).
     Forbidden(String),
     /// Any other answer from the daemon; `body` is truncated to a few KiB.
-    Daemon { container: String, status: u16, body: String },
+    Daemon {
+        container: String,
+        status: u16,
+        body: String,
+    },
     /// The socket could not be reached or the connection failed.
     Transport(String),
     /// The operation did not finish inside its budget.
@@ -48,8 +53,15 @@ impl std::fmt::Display for LifecycleError {
         match self {
             LifecycleError::NotFound(c) => write!(f, "container not found: {c}"),
             LifecycleError::Forbidden(c) => write!(f, "container inspection forbidden: {c}"),
-            LifecycleError::Daemon { container, status, body } => {
-                write!(f, "docker returned {status} for container {container}: {body}")
+            LifecycleError::Daemon {
+                container,
+                status,
+                body,
+            } => {
+                write!(
+                    f,
+                    "docker returned {status} for container {container}: {body}"
+                )
             }
             LifecycleError::Transport(e) => write!(f, "docker socket: {e}"),
             LifecycleError::Timeout(c) => write!(f, "timed out waiting for container {c}"),

@@ -49,7 +49,13 @@ pub struct AccessRecord {
 pub fn log_key(prefix: &str, header: &str) -> String {
     let mut k = String::with_capacity(prefix.len() + header.len());
     k.push_str(prefix);
-    k.extend(header.chars().map(|c| if c == '-' { '_' } else { c.to_ascii_lowercase() }));
+    k.extend(header.chars().map(|c| {
+        if c == '-' {
+            '_'
+        } else {
+            c.to_ascii_lowercase()
+        }
+    }));
     k
 }
 

@@ -1,7 +1,9 @@
 //! Prometheus metrics with upstream's names and labels, in the Go client's text format.
 //! Recording is skipped entirely unless `--metrics-port` is set.
 
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -35,24 +37,37 @@ fn build() -> prometheus::Result<Metrics> {
         &["service", "method", "status"],
     )?;
     let duration = HistogramVec::new(
-        HistogramOpts::new("http_request_duration_seconds", "Duration of HTTP requests in seconds")
-            .namespace("kamal")
-            .subsystem("proxy")
-            .buckets(prometheus::DEFAULT_BUCKETS.to_vec()),
+        HistogramOpts::new(
+            "http_request_duration_seconds",
+            "Duration of HTTP requests in seconds",
+        )
+        .namespace("kamal")
+        .subsystem("proxy")
+        .buckets(prometheus::DEFAULT_BUCKETS.to_vec()),
         &["service", "method", "status"],
     )?;
     let in_flight = IntGaugeVec::new(
-        Opts::new("http_in_flight_requests", "Number of in-flight HTTP requests")
-            .namespace("kamal")
-            .subsystem("proxy"),
+        Opts::new(
+            "http_in_flight_requests",
+            "Number of in-flight HTTP requests",
+        )
+        .namespace("kamal")
+        .subsystem("proxy"),
         &["service"],
     )?;
     registry.register(Box::new(requests.clone()))?;
     registry.register(Box::new(duration.clone()))?;
     registry.register(Box::new(in_flight.clone()))?;
     #[cfg(target_os = "linux")]
-    registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
-    Ok(Metrics { registry, requests, duration, in_flight })
+    registry.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))?;
+    Ok(Metrics {
+        registry,
+        requests,
+        duration,
+        in_flight,
+    })
 }
 
 /// Upstream keeps the standard methods and folds everything else into `OTHER`.
@@ -72,10 +87,14 @@ pub fn method_label(method: &http::Method) -> &'static str {
 }
 
 pub fn record(service: &str, method: &'static str, status: u16, seconds: f64) {
-    let Some(m) = METRICS.get().filter(|_| enabled()) else { return };
+    let Some(m) = METRICS.get().filter(|_| enabled()) else {
+        return;
+    };
     let mut buf = itoa_buf(status);
     let status = status_str(&mut buf);
-    m.requests.with_label_values(&[service, method, status]).inc();
+    m.requests
+        .with_label_values(&[service, method, status])
+        .inc();
     m.duration
         .with_label_values(&[service, method, status])
         .observe(seconds);
@@ -89,7 +108,11 @@ pub fn in_flight_add(service: &str, delta: i64) {
 
 fn itoa_buf(status: u16) -> [u8; 3] {
     let s = status.min(999);
-    [b'0' + (s / 100) as u8, b'0' + (s / 10 % 10) as u8, b'0' + (s % 10) as u8]
+    [
+        b'0' + (s / 100) as u8,
+        b'0' + (s / 10 % 10) as u8,
+        b'0' + (s % 10) as u8,
+    ]
 }
 
 fn status_str(buf: &mut [u8; 3]) -> &str {

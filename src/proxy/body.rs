@@ -85,7 +85,11 @@ impl ResponseBody {
     }
 
     fn new(inner: Inner) -> Self {
-        ResponseBody { inner, sent: 0, completion: None }
+        ResponseBody {
+            inner,
+            sent: 0,
+            completion: None,
+        }
     }
 
     pub fn attach(&mut self, completion: Completion) {

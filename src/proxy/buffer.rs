@@ -84,7 +84,11 @@ impl SpillBuffer {
             }
             None => None,
         };
-        Ok(BufferedBody { memory: self.memory, file, remaining: self.total })
+        Ok(BufferedBody {
+            memory: self.memory,
+            file,
+            remaining: self.total,
+        })
     }
 }
 
@@ -167,6 +171,9 @@ mod tests {
     async fn limit_is_inclusive() {
         let mut b = SpillBuffer::new(4, 8);
         b.write(Bytes::from_static(b"12345678")).await.unwrap();
-        assert!(matches!(b.write(Bytes::from_static(b"9")).await, Err(BufferError::TooLarge)));
+        assert!(matches!(
+            b.write(Bytes::from_static(b"9")).await,
+            Err(BufferError::TooLarge)
+        ));
     }
 }

@@ -76,20 +76,26 @@ impl Forwarder {
             RequestBody::Stream(incoming)
         };
 
-        let original_host = parts
-            .headers
-            .get(header::HOST)
-            .cloned()
-            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
         let wants_trailers = parts
             .headers
             .get(header::TE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")));
+            .is_some_and(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+            });
         headers::remove_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::TE);
         if wants_trailers {
-            parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
+            parts
+                .headers
+                .insert(header::TE, HeaderValue::from_static("trailers"));
         }
         headers::set_forwarded(
             &mut parts.headers,
@@ -100,12 +106,18 @@ impl Forwarder {
                 trust_client: opts.forward_headers,
             },
         );
-        headers::set_target_header(&mut parts.headers, up.target.address(), opts.forward_headers);
+        headers::set_target_header(
+            &mut parts.headers,
+            up.target.address(),
+            opts.forward_headers,
+        );
         if let Some(h) = original_host {
             parts.headers.insert(header::HOST, h);
         }
         if let Some(kind) = &upgrade {
-            parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             parts.headers.insert(header::UPGRADE, kind.clone());
         }
         let mut uri = Uri::builder()
@@ -135,22 +147,37 @@ impl Forwarder {
         let mut response = match result {
             None => {
                 tracing::info!(path = %uri.path(), "Request cancelled due to draining");
-                return finish(error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None), completion);
+                return finish(
+                    error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
+                    completion,
+                );
             }
             Some(Err(_)) => {
-                return finish(error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None), completion);
+                return finish(
+                    error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
+                    completion,
+                );
             }
             Some(Ok(Err(e))) => {
                 tracing::error!("target" = up.target.address(), path = %uri.path(), error = %describe(&e), "Error while proxying");
-                return finish(error_response(StatusCode::BAD_GATEWAY, up.pages, None), completion);
+                return finish(
+                    error_response(StatusCode::BAD_GATEWAY, up.pages, None),
+                    completion,
+                );
             }
             Some(Ok(Ok(r))) => r,
         };
+        // Answer in our own version: hyper writes the response's version on the status
+        // line, so an HTTP/1.0 app would otherwise downgrade HTTP/1.1 clients.
+        *response.version_mut() = Version::HTTP_11;
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             return match client_upgrade {
                 Some(client_upgrade) => splice_upgrade(response, client_upgrade, completion),
-                None => finish(error_response(StatusCode::BAD_GATEWAY, up.pages, None), completion),
+                None => finish(
+                    error_response(StatusCode::BAD_GATEWAY, up.pages, None),
+                    completion,
+                ),
             };
         }
         headers::remove_hop_by_hop(response.headers_mut());
@@ -161,16 +188,27 @@ impl Forwarder {
                 Ok(body) => {
                     let mut parts = parts;
                     parts.headers.remove(header::CONTENT_LENGTH);
-                    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-                    finish(Response::from_parts(parts, ResponseBody::buffered(body)), completion)
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    finish(
+                        Response::from_parts(parts, ResponseBody::buffered(body)),
+                        completion,
+                    )
                 }
                 Err(BufferError::TooLarge) => {
                     tracing::info!(path = %uri.path(), "Response exceeded max response limit");
-                    finish(error_response(StatusCode::INTERNAL_SERVER_ERROR, None, None), completion)
+                    finish(
+                        error_response(StatusCode::INTERNAL_SERVER_ERROR, None, None),
+                        completion,
+                    )
                 }
                 Err(BufferError::Io(e)) => {
                     tracing::error!(error = %e, "Error buffering response");
-                    finish(error_response(StatusCode::BAD_GATEWAY, up.pages, None), completion)
+                    finish(
+                        error_response(StatusCode::BAD_GATEWAY, up.pages, None),
+                        completion,
+                    )
                 }
             };
         }
@@ -178,7 +216,10 @@ impl Forwarder {
     }
 }
 
-fn finish(mut response: Response<ResponseBody>, mut completion: Completion) -> Response<ResponseBody> {
+fn finish(
+    mut response: Response<ResponseBody>,
+    mut completion: Completion,
+) -> Response<ResponseBody> {
     completion.set_response(response.status().as_u16(), response.headers());
     response.body_mut().attach(completion);
     response
@@ -203,7 +244,10 @@ fn describe(e: &hyper_util::client::legacy::Error) -> String {
     msg
 }
 
-async fn buffer_request(mut body: Incoming, opts: &TargetOptions) -> Result<RequestBody, StatusCode> {
+async fn buffer_request(
+    mut body: Incoming,
+    opts: &TargetOptions,
+) -> Result<RequestBody, StatusCode> {
     let mut buf = SpillBuffer::new(opts.max_memory_buffer_size, opts.max_request_body_size);
     while let Some(frame) = body.frame().await {
         // A body that cannot be read is the client's fault (malformed chunking, early

@@ -73,8 +73,14 @@ pub struct ForwardedFor<'a> {
 pub fn set_forwarded(headers: &mut HeaderMap, f: &ForwardedFor<'_>) {
     let proto = if f.tls { "https" } else { "http" };
     let prior_for: Vec<HeaderValue> = headers.get_all(&X_FORWARDED_FOR).iter().cloned().collect();
-    let prior_host = headers.get(&X_FORWARDED_HOST).filter(|v| !v.is_empty()).cloned();
-    let prior_proto = headers.get(&X_FORWARDED_PROTO).filter(|v| !v.is_empty()).cloned();
+    let prior_host = headers
+        .get(&X_FORWARDED_HOST)
+        .filter(|v| !v.is_empty())
+        .cloned();
+    let prior_proto = headers
+        .get(&X_FORWARDED_PROTO)
+        .filter(|v| !v.is_empty())
+        .cloned();
     headers.remove(&FORWARDED);
     headers.remove(&X_FORWARDED_FOR);
     headers.remove(&X_FORWARDED_HOST);
@@ -155,12 +161,20 @@ mod tests {
         h.insert(&X_FORWARDED_FOR, hv("1.2.3.4"));
         h.insert(&X_FORWARDED_PROTO, hv("https"));
         let mut untrusted = h.clone();
-        let f = ForwardedFor { client_ip: "10.0.0.1", host: Some(&host), tls: false, trust_client: false };
+        let f = ForwardedFor {
+            client_ip: "10.0.0.1",
+            host: Some(&host),
+            tls: false,
+            trust_client: false,
+        };
         set_forwarded(&mut untrusted, &f);
         assert_eq!(untrusted[&X_FORWARDED_FOR], "10.0.0.1");
         assert_eq!(untrusted[&X_FORWARDED_PROTO], "http");
         assert_eq!(untrusted[&X_FORWARDED_HOST], "example.com:8080");
-        let f = ForwardedFor { trust_client: true, ..f };
+        let f = ForwardedFor {
+            trust_client: true,
+            ..f
+        };
         set_forwarded(&mut h, &f);
         assert_eq!(h[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
         assert_eq!(h[&X_FORWARDED_PROTO], "https");

@@ -96,7 +96,10 @@ fn parse_template(src: &str) -> Result<Vec<Node>, String> {
         tokens.push((false, &rest[..start]));
         let after = &rest[start + 2..];
         let end = after.find("}}").ok_or("unclosed action")?;
-        tokens.push((true, after[..end].trim_matches(|c: char| c == '-' || c.is_whitespace())));
+        tokens.push((
+            true,
+            after[..end].trim_matches(|c: char| c == '-' || c.is_whitespace()),
+        ));
         rest = &after[end + 2..];
     }
     tokens.push((false, rest));
@@ -174,7 +177,8 @@ impl ErrorPages {
                 continue;
             }
             found += 1;
-            let src = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let src =
+                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
             let nodes = parse_template(&src).map_err(|e| format!("{}: {e}", path.display()))?;
             if let Some(status) = path
                 .file_stem()
@@ -206,7 +210,11 @@ pub fn page_body(status: StatusCode, custom: Option<&ErrorPages>, message: Optio
         return body;
     }
     built_in_page(code, message).unwrap_or_else(|| {
-        format!("<h1>{} {}</h1>", code, status.canonical_reason().unwrap_or(""))
+        format!(
+            "<h1>{} {}</h1>",
+            code,
+            status.canonical_reason().unwrap_or("")
+        )
     })
 }
 
@@ -218,9 +226,10 @@ pub fn error_response(
     let body = page_body(status, custom.map(|p| p.as_ref()), message);
     let mut response = Response::new(ResponseBody::full(Bytes::from(body)));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_HTML));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(CONTENT_TYPE_HTML),
+    );
     response
 }
 
@@ -244,7 +253,8 @@ mod tests {
     #[test]
     fn templates() {
         let nodes =
-            parse_template("<p>{{ if .Message }}M: {{ .Message }}{{ else }}none{{ end }}</p>").unwrap();
+            parse_template("<p>{{ if .Message }}M: {{ .Message }}{{ else }}none{{ end }}</p>")
+                .unwrap();
         let mut out = String::new();
         render_nodes(&nodes, "a&b", &mut out);
         assert_eq!(out, "<p>M: a&amp;b</p>");

@@ -126,14 +126,24 @@ impl Router {
             tracing::warn!(service = %s.name, "Service has --sleep-after but the proxy runs without --docker-socket; it will not sleep");
         }
         self.sync_sleep(&service, &s.options, restored_idle);
-        if service.sleep_controller().is_none_or(|c| c.state() == IdleState::Active) {
+        if service
+            .sleep_controller()
+            .is_none_or(|c| c.state() == IdleState::Active)
+        {
             lb.start_health_checks(ProbeMode::Deploy);
         }
         Ok(service)
     }
 
     pub async fn deploy(self: &Arc<Self>, args: DeployArgs) -> Result<(), String> {
-        let DeployArgs { service: name, targets, readers, deployment, service_options, target_options } = args;
+        let DeployArgs {
+            service: name,
+            targets,
+            readers,
+            deployment,
+            service_options,
+            target_options,
+        } = args;
         if name.is_empty() {
             return Err("service name must not be empty".into());
         }
@@ -153,7 +163,11 @@ impl Router {
                 if c.state() != IdleState::Active {
                     tracing::info!(service = %name, "Waking sleeping service for deploy");
                 }
-                Some(c.admit().await.map_err(|e| format!("unable to wake service for deploy: {e}"))?)
+                Some(
+                    c.admit()
+                        .await
+                        .map_err(|e| format!("unable to wake service for deploy: {e}"))?,
+                )
             }
             None => None,
         };
@@ -199,7 +213,8 @@ impl Router {
                     Some(existing.swap_active(lb))
                 }
                 None => {
-                    let service = Arc::new(Service::new(&name, config, lb, PauseController::default()));
+                    let service =
+                        Arc::new(Service::new(&name, config, lb, PauseController::default()));
                     services.insert(name.clone(), service);
                     None
                 }
@@ -220,7 +235,11 @@ impl Router {
     }
 
     /// Refuses a `--sleep-after` deploy whose containers this proxy could not manage.
-    async fn sleep_preflight(&self, options: &ServiceOptions, targets: &[String]) -> Result<(), String> {
+    async fn sleep_preflight(
+        &self,
+        options: &ServiceOptions,
+        targets: &[String],
+    ) -> Result<(), String> {
         let Some(lifecycle) = &self.lifecycle else {
             return Err("scale-to-zero requires the proxy to run with --docker-socket".into());
         };
@@ -246,9 +265,15 @@ impl Router {
                 Ok(Err(LifecycleError::Forbidden(_))) => {
                     tracing::warn!(container = %r, "Cannot verify container for --sleep-after; the socket denies inspect");
                 }
-                Ok(Err(e)) => return Err(format!("cannot manage container \"{r}\" for --sleep-after: {e}")),
+                Ok(Err(e)) => {
+                    return Err(format!(
+                        "cannot manage container \"{r}\" for --sleep-after: {e}"
+                    ));
+                }
                 Err(_) => {
-                    return Err(format!("cannot manage container \"{r}\" for --sleep-after: timed out"));
+                    return Err(format!(
+                        "cannot manage container \"{r}\" for --sleep-after: timed out"
+                    ));
                 }
             }
         }
@@ -256,7 +281,12 @@ impl Router {
     }
 
     /// Gives a service the idle controller its options ask for (or takes it away).
-    fn sync_sleep(self: &Arc<Self>, service: &Arc<Service>, options: &ServiceOptions, restored: IdleState) {
+    fn sync_sleep(
+        self: &Arc<Self>,
+        service: &Arc<Service>,
+        options: &ServiceOptions,
+        restored: IdleState,
+    ) {
         let Some(lifecycle) = self.lifecycle.clone().filter(|_| options.sleep_enabled()) else {
             service.set_sleep_controller(None);
             return;
@@ -287,7 +317,13 @@ impl Router {
                     service: Arc::downgrade(service),
                     persist: self.persist.clone(),
                 });
-                let c = IdleController::new(service.name.to_string(), config, lifecycle, hooks, restored);
+                let c = IdleController::new(
+                    service.name.to_string(),
+                    config,
+                    lifecycle,
+                    hooks,
+                    restored,
+                );
                 service.set_sleep_controller(Some(c));
             }
         }
@@ -307,15 +343,27 @@ impl Router {
         Ok(())
     }
 
-    pub async fn pause(&self, name: &str, drain_timeout: i64, pause_timeout: i64) -> Result<(), String> {
-        let service = self.with_service(name, |s| s.pause.pause(gotime::to_std(pause_timeout))).await?;
+    pub async fn pause(
+        &self,
+        name: &str,
+        drain_timeout: i64,
+        pause_timeout: i64,
+    ) -> Result<(), String> {
+        let service = self
+            .with_service(name, |s| s.pause.pause(gotime::to_std(pause_timeout)))
+            .await?;
         tracing::info!(service = %name, "Service paused");
         service.active().drain(gotime::to_std(drain_timeout)).await;
         tracing::info!(service = %name, "Service drained");
         Ok(())
     }
 
-    pub async fn stop(&self, name: &str, drain_timeout: i64, message: String) -> Result<(), String> {
+    pub async fn stop(
+        &self,
+        name: &str,
+        drain_timeout: i64,
+        message: String,
+    ) -> Result<(), String> {
         let service = self.with_service(name, |s| s.pause.stop(message)).await?;
         tracing::info!(service = %name, "Service stopped");
         service.active().drain(gotime::to_std(drain_timeout)).await;
@@ -329,7 +377,11 @@ impl Router {
         Ok(())
     }
 
-    async fn with_service(&self, name: &str, f: impl FnOnce(&Service)) -> Result<Arc<Service>, String> {
+    async fn with_service(
+        &self,
+        name: &str,
+        f: impl FnOnce(&Service),
+    ) -> Result<Arc<Service>, String> {
         let services = self.services.lock().await;
         let found = services.get(name).cloned();
         if let Some(s) = &found {
@@ -360,14 +412,23 @@ impl Router {
             let o = &config.options;
             let writers = lb.writer_addresses();
             let readers = lb.reader_addresses();
-            let host = if o.has_configured_hosts() { o.hosts.join(",") } else { "*".into() };
+            let host = if o.has_configured_hosts() {
+                o.hosts.join(",")
+            } else {
+                "*".into()
+            };
             out.services.insert(
                 s.name.to_string(),
                 ServiceDescription {
                     host,
                     path: o.path_prefixes.join(","),
                     tls: o.tls_enabled,
-                    target: writers.iter().chain(readers.iter()).cloned().collect::<Vec<_>>().join(","),
+                    target: writers
+                        .iter()
+                        .chain(readers.iter())
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(","),
                     state: s.state_name(),
                     hosts: o.hosts.iter().filter(|h| !h.is_empty()).cloned().collect(),
                     path_prefixes: o.path_prefixes.clone(),
@@ -380,7 +441,8 @@ impl Router {
     }
 
     fn publish(&self, services: &BTreeMap<String, Arc<Service>>) {
-        self.table.store(Arc::new(RouteTable::build(services.values())));
+        self.table
+            .store(Arc::new(RouteTable::build(services.values())));
     }
 
     fn save(&self, services: &BTreeMap<String, Arc<Service>>) {
@@ -416,7 +478,10 @@ fn snapshot(s: &Service) -> ServiceState {
         rollout_readers: None,
         pause_controller: s.pause.snapshot(),
         rollout_controller: None,
-        idle_state: s.sleep_controller().map(|c| c.state().to_string()).unwrap_or_default(),
+        idle_state: s
+            .sleep_controller()
+            .map(|c| c.state().to_string())
+            .unwrap_or_default(),
         active_target: String::new(),
         rollout_target: String::new(),
         hosts: Vec::new(),
@@ -437,7 +502,10 @@ fn conflicting_service(
         let other = other.config();
         let clash = options.hosts.iter().any(|h| {
             other.options.hosts.contains(h)
-                && options.path_prefixes.iter().any(|p| other.options.path_prefixes.contains(p))
+                && options
+                    .path_prefixes
+                    .iter()
+                    .any(|p| other.options.path_prefixes.contains(p))
         });
         if clash {
             return Some(other_name.clone());

@@ -54,7 +54,9 @@ impl ServiceState {
         if self.active_targets.is_empty() && !self.active_target.is_empty() {
             self.active_targets = vec![std::mem::take(&mut self.active_target)];
         }
-        if self.rollout_targets.as_ref().is_none_or(|t| t.is_empty()) && !self.rollout_target.is_empty() {
+        if self.rollout_targets.as_ref().is_none_or(|t| t.is_empty())
+            && !self.rollout_target.is_empty()
+        {
             self.rollout_targets = Some(vec![std::mem::take(&mut self.rollout_target)]);
         }
         if self.options.hosts.is_empty() && !self.hosts.is_empty() {
@@ -128,7 +130,10 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<ServiceState>, LoadError> {
 /// Writes atomically: a temp file in the same directory, fsync, rename, fsync the
 /// directory. A crash at any point leaves either the old file or the new one.
 pub fn save(path: &Path, services: &[ServiceState]) -> std::io::Result<()> {
-    let file = StateFileV2 { version: CURRENT_VERSION, services: services.to_vec() };
+    let file = StateFileV2 {
+        version: CURRENT_VERSION,
+        services: services.to_vec(),
+    };
     let mut bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -149,7 +154,10 @@ pub fn save(path: &Path, services: &[ServiceState]) -> std::io::Result<()> {
 }
 
 fn tmp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
     name.push(format!(".tmp-{}", std::process::id()));
     path.with_file_name(name)
 }
@@ -160,7 +168,10 @@ pub fn set_aside(path: &Path) -> std::io::Result<PathBuf> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
     name.push(format!(".corrupt-{stamp}"));
     let aside = path.with_file_name(name);
     std::fs::rename(path, &aside)?;
@@ -189,8 +200,15 @@ mod tests {
         save(&path, &svc).unwrap();
         let back = load(&path).unwrap().unwrap();
         assert_eq!(back, svc);
-        assert!(std::fs::read_to_string(&path).unwrap().starts_with("{\"version\":2,"));
-        assert!(matches!(parse(br#"{"version":99,"services":[]}"#), Err(LoadError::Corrupt(_))));
+        assert!(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .starts_with("{\"version\":2,")
+        );
+        assert!(matches!(
+            parse(br#"{"version":99,"services":[]}"#),
+            Err(LoadError::Corrupt(_))
+        ));
         assert!(matches!(parse(b"{not json"), Err(LoadError::Corrupt(_))));
         assert!(load(&dir.path().join("missing")).unwrap().is_none());
     }

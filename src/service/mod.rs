@@ -36,10 +36,11 @@ impl ServiceConfig {
         let pages = if options.error_page_path.is_empty() {
             None
         } else {
-            let pages = ErrorPages::load(std::path::Path::new(&options.error_page_path)).map_err(|e| {
-                tracing::error!(error = %e, "Unable to load error pages");
-                "unable to load error pages".to_string()
-            })?;
+            let pages =
+                ErrorPages::load(std::path::Path::new(&options.error_page_path)).map_err(|e| {
+                    tracing::error!(error = %e, "Unable to load error pages");
+                    "unable to load error pages".to_string()
+                })?;
             Some(Arc::new(pages))
         };
         let log_request_headers = target_options
@@ -52,7 +53,8 @@ impl ServiceConfig {
             })
             .collect::<Result<Vec<_>, _>>()?;
         for h in &target_options.log_response_headers {
-            HeaderName::from_bytes(h.as_bytes()).map_err(|_| format!("invalid header name '{h}'"))?;
+            HeaderName::from_bytes(h.as_bytes())
+                .map_err(|_| format!("invalid header name '{h}'"))?;
         }
         Ok(ServiceConfig {
             log_response_headers: Arc::new(target_options.log_response_headers.clone()),
@@ -85,7 +87,12 @@ pub struct Service {
 }
 
 impl Service {
-    pub fn new(name: &str, config: ServiceConfig, lb: Arc<LoadBalancer>, pause: PauseController) -> Self {
+    pub fn new(
+        name: &str,
+        config: ServiceConfig,
+        lb: Arc<LoadBalancer>,
+        pause: PauseController,
+    ) -> Self {
         Service {
             name: Arc::from(name),
             config: ArcSwap::from_pointee(config),
@@ -146,7 +153,11 @@ impl Service {
     ) -> Response<ResponseBody> {
         let config = self.config.load_full();
         let routed = routed_path(req.uri().path(), prefix, config.options.strip_prefix);
-        let excluded = config.options.exclude_metrics_paths.iter().any(|p| p == routed.as_ref());
+        let excluded = config
+            .options
+            .exclude_metrics_paths
+            .iter()
+            .any(|p| p == routed.as_ref());
         completion.set_service(self.name.clone(), excluded);
         if !config.log_request_headers.is_empty() || !config.log_response_headers.is_empty() {
             let record = completion.record();
@@ -161,7 +172,10 @@ impl Service {
 
         // TLS mismatch: the request came over TLS but the service does not serve TLS.
         if conn.tls && !config.options.tls_enabled {
-            return finish(error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None), completion);
+            return finish(
+                error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None),
+                completion,
+            );
         }
         if let Some(location) = redirect_location(&req, &config.options, conn.tls) {
             return finish(redirect(&req, location), completion);
@@ -176,11 +190,17 @@ impl Service {
                 PauseOutcome::Proceed => {}
                 PauseOutcome::Stopped(message) => {
                     let msg = (!message.is_empty()).then_some(message.as_str());
-                    return finish(error_response(StatusCode::SERVICE_UNAVAILABLE, pages, msg), completion);
+                    return finish(
+                        error_response(StatusCode::SERVICE_UNAVAILABLE, pages, msg),
+                        completion,
+                    );
                 }
                 PauseOutcome::TimedOut => {
                     tracing::warn!(service = %self.name, path = %req.uri().path(), "Rejecting request due to expired pause");
-                    return finish(error_response(StatusCode::GATEWAY_TIMEOUT, pages, None), completion);
+                    return finish(
+                        error_response(StatusCode::GATEWAY_TIMEOUT, pages, None),
+                        completion,
+                    );
                 }
             }
         }
@@ -192,7 +212,10 @@ impl Service {
                     HealthAnswer::Forward => {}
                     HealthAnswer::Healthy => return finish(empty(StatusCode::OK), completion),
                     HealthAnswer::Unhealthy => {
-                        return finish(error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None), completion);
+                        return finish(
+                            error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None),
+                            completion,
+                        );
                     }
                 }
             } else {
@@ -206,7 +229,10 @@ impl Service {
         let lb = self.active.load_full();
         let read = is_read_request(&req, config.options.read_targets_accept_websockets);
         let Some(target) = lb.select(read) else {
-            return finish(error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None), completion);
+            return finish(
+                error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None),
+                completion,
+            );
         };
         completion.record().target = Some(target.address().to_string());
         completion.target = Some(target.begin());
@@ -230,7 +256,10 @@ impl Service {
     }
 }
 
-pub fn finish(mut response: Response<ResponseBody>, mut completion: Completion) -> Response<ResponseBody> {
+pub fn finish(
+    mut response: Response<ResponseBody>,
+    mut completion: Completion,
+) -> Response<ResponseBody> {
     completion.set_response(response.status().as_u16(), response.headers());
     response.body_mut().attach(completion);
     response
@@ -254,7 +283,9 @@ fn wake_failed(
     let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None);
     if let Some(retry) = e.retry_after() {
         let secs = retry.as_secs_f64().ceil().max(1.0) as u64;
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     response
 }
@@ -319,7 +350,8 @@ pub fn request_host<B>(req: &Request<B>) -> Option<&str> {
 fn redirect_location(req: &Request<Incoming>, o: &ServiceOptions, tls: bool) -> Option<String> {
     let host = host_without_port(request_host(req).unwrap_or(""));
     let want_https = !tls && o.tls_enabled && o.tls_redirect;
-    let want_host = (!o.canonical_host.is_empty() && o.canonical_host != host).then_some(o.canonical_host.as_str());
+    let want_host = (!o.canonical_host.is_empty() && o.canonical_host != host)
+        .then_some(o.canonical_host.as_str());
     if !want_https && want_host.is_none() {
         return None;
     }
@@ -330,7 +362,10 @@ fn redirect_location(req: &Request<Incoming>, o: &ServiceOptions, tls: bool) -> 
 
 fn redirect(req: &Request<Incoming>, location: String) -> Response<ResponseBody> {
     let body = if req.method() == Method::GET {
-        format!("<a href=\"{}\">Moved Permanently</a>.\n\n", crate::proxy::pages::html_escape(&location))
+        format!(
+            "<a href=\"{}\">Moved Permanently</a>.\n\n",
+            crate::proxy::pages::html_escape(&location)
+        )
     } else {
         String::new()
     };
@@ -340,10 +375,13 @@ fn redirect(req: &Request<Incoming>, location: String) -> Response<ResponseBody>
         r.headers_mut().insert(header::LOCATION, v);
     }
     if req.method() == Method::GET || req.method() == Method::HEAD {
-        r.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
     }
-    r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
 }
 

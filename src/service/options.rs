@@ -56,7 +56,10 @@ pub struct ServiceOptions {
     pub sleep_after: i64,
     #[serde(skip_serializing_if = "is_zero")]
     pub wake_timeout: i64,
-    #[serde(skip_serializing_if = "Vec::is_empty", deserialize_with = "null_as_empty")]
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
     pub sleep_containers: Vec<String>,
 }
 
@@ -230,7 +233,8 @@ impl ServiceOptions {
     pub fn validate(&self) -> Result<(), String> {
         let mut o = self.clone();
         o.normalize();
-        o.check().map_err(|e| format!("service options invalid: {e}"))
+        o.check()
+            .map_err(|e| format!("service options invalid: {e}"))
     }
 
     fn check(&self) -> Result<(), String> {
@@ -318,7 +322,9 @@ pub fn validate_on_demand_url(url: &str) -> Result<(), String> {
         ));
     }
     if scheme != "http" && scheme != "https" {
-        return Err(format!("unsupported scheme \"{scheme}\" in tls-on-demand-url"));
+        return Err(format!(
+            "unsupported scheme \"{scheme}\" in tls-on-demand-url"
+        ));
     }
     let host = rest.split(['/', '?', '#']).next().unwrap_or("");
     if host.is_empty() {
@@ -339,7 +345,10 @@ pub fn validate_target(addr: &str) -> Result<(), String> {
     let ok_host = match chars.next() {
         Some(first) if word(first) => {
             let rest: Vec<char> = chars.collect();
-            !rest.is_empty() && rest.iter().all(|&c| word(c) || matches!(c, '-' | '.' | '+'))
+            !rest.is_empty()
+                && rest
+                    .iter()
+                    .all(|&c| word(c) || matches!(c, '-' | '.' | '+'))
         }
         _ => false,
     };
@@ -390,7 +399,10 @@ mod tests {
     #[test]
     fn validation_messages_match_upstream() {
         let e = |o: ServiceOptions| o.validate().unwrap_err();
-        assert_eq!(e(tls(&[])), "service options invalid: host must be set when using TLS");
+        assert_eq!(
+            e(tls(&[])),
+            "service options invalid: host must be set when using TLS"
+        );
         let mut o = tls(&["a.com"]);
         o.path_prefixes = vec!["/api".into()];
         assert_eq!(
@@ -419,27 +431,54 @@ mod tests {
             e(o),
             "service options invalid: canonical-host 'c.com' must be present in the hosts list: [a.com b.com]"
         );
-        let o = ServiceOptions { canonical_host: "c.com".into(), ..Default::default() };
+        let o = ServiceOptions {
+            canonical_host: "c.com".into(),
+            ..Default::default()
+        };
         assert!(o.validate().is_ok());
     }
 
     #[test]
     fn sleep_validation() {
-        let o = ServiceOptions { sleep_after: -1, ..Default::default() };
-        assert!(o.validate().unwrap_err().ends_with("sleep-after and wake-timeout cannot be negative"));
-        let o = ServiceOptions { wake_timeout: -1, ..Default::default() };
+        let o = ServiceOptions {
+            sleep_after: -1,
+            ..Default::default()
+        };
+        assert!(
+            o.validate()
+                .unwrap_err()
+                .ends_with("sleep-after and wake-timeout cannot be negative")
+        );
+        let o = ServiceOptions {
+            wake_timeout: -1,
+            ..Default::default()
+        };
         assert!(o.validate().unwrap_err().ends_with("cannot be negative"));
-        let o = ServiceOptions { sleep_containers: vec!["x".into()], ..Default::default() };
-        assert!(o.validate().unwrap_err().ends_with("sleep-container requires sleep-after"));
+        let o = ServiceOptions {
+            sleep_containers: vec!["x".into()],
+            ..Default::default()
+        };
+        assert!(
+            o.validate()
+                .unwrap_err()
+                .ends_with("sleep-container requires sleep-after")
+        );
         let mut o = tls(&[]);
         o.tls_on_demand_url = "/allow".into();
         o.sleep_after = NS_PER_SEC;
-        assert!(o.validate().unwrap_err().ends_with("sleep-after cannot be used with a TLS on-demand URL"));
+        assert!(
+            o.validate()
+                .unwrap_err()
+                .ends_with("sleep-after cannot be used with a TLS on-demand URL")
+        );
     }
 
     #[test]
     fn wake_timeout_defaults_only_when_sleeping() {
-        let mut o = ServiceOptions { sleep_after: NS_PER_SEC, ..Default::default() };
+        let mut o = ServiceOptions {
+            sleep_after: NS_PER_SEC,
+            ..Default::default()
+        };
         o.normalize();
         assert_eq!(o.wake_timeout, DEFAULT_WAKE_TIMEOUT);
         let mut o = ServiceOptions::default();
@@ -449,11 +488,30 @@ mod tests {
 
     #[test]
     fn target_syntax() {
-        for ok in ["web-1", "web-1:3000", "localhost:80", "127.0.0.1:8080", "abc123def456:80"] {
+        for ok in [
+            "web-1",
+            "web-1:3000",
+            "localhost:80",
+            "127.0.0.1:8080",
+            "abc123def456:80",
+        ] {
             assert!(validate_target(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "_", "/", "a", "http://x:80", "[::1]:80", "x:port", "x:99999", "a/b"] {
-            assert_eq!(validate_target(bad).unwrap_err(), format!("{bad} :invalid host pattern"));
+        for bad in [
+            "",
+            "_",
+            "/",
+            "a",
+            "http://x:80",
+            "[::1]:80",
+            "x:port",
+            "x:99999",
+            "a/b",
+        ] {
+            assert_eq!(
+                validate_target(bad).unwrap_err(),
+                format!("{bad} :invalid host pattern")
+            );
         }
     }
 
@@ -461,7 +519,11 @@ mod tests {
     fn container_refs() {
         assert_eq!(container_ref("web-1:3000").unwrap(), "web-1");
         assert_eq!(container_ref("abc123def456:80").unwrap(), "abc123def456");
-        assert!(container_ref("10.0.0.5:3000").unwrap_err().contains("--sleep-container"));
+        assert!(
+            container_ref("10.0.0.5:3000")
+                .unwrap_err()
+                .contains("--sleep-container")
+        );
         assert!(container_ref("127.0.0.1:80").is_err());
     }
 
@@ -469,13 +531,24 @@ mod tests {
     fn on_demand_urls() {
         assert!(validate_on_demand_url("/allow-host").is_ok());
         assert!(validate_on_demand_url("https://x.com/check").is_ok());
-        assert!(validate_on_demand_url("allow-host").unwrap_err().starts_with("unable to parse"));
+        assert!(
+            validate_on_demand_url("allow-host")
+                .unwrap_err()
+                .starts_with("unable to parse")
+        );
         assert_eq!(
             validate_on_demand_url("ftp://x").unwrap_err(),
             "unsupported scheme \"ftp\" in tls-on-demand-url"
         );
-        assert_eq!(validate_on_demand_url("http://").unwrap_err(), "missing host in tls-on-demand-url");
-        assert!(validate_on_demand_url("//x.com/a").unwrap_err().contains("must be a path"));
+        assert_eq!(
+            validate_on_demand_url("http://").unwrap_err(),
+            "missing host in tls-on-demand-url"
+        );
+        assert!(
+            validate_on_demand_url("//x.com/a")
+                .unwrap_err()
+                .contains("must be a path")
+        );
     }
 
     #[test]

@@ -36,7 +36,11 @@ pub struct PauseSnapshot {
 
 impl Default for PauseSnapshot {
     fn default() -> Self {
-        PauseSnapshot { state: 0, stop_message: String::new(), fail_after: DEFAULT_PAUSE_TIMEOUT }
+        PauseSnapshot {
+            state: 0,
+            stop_message: String::new(),
+            fail_after: DEFAULT_PAUSE_TIMEOUT,
+        }
     }
 }
 
@@ -78,7 +82,12 @@ impl PauseController {
             crate::gotime::to_std(DEFAULT_PAUSE_TIMEOUT)
         };
         PauseController {
-            status: watch::channel(Status { state, message: s.stop_message.clone(), fail_after }).0,
+            status: watch::channel(Status {
+                state,
+                message: s.stop_message.clone(),
+                fail_after,
+            })
+            .0,
             running: AtomicBool::new(state == PauseState::Running),
         }
     }
@@ -119,7 +128,8 @@ impl PauseController {
                 s.fail_after = f;
             }
         });
-        self.running.store(state == PauseState::Running, Ordering::Release);
+        self.running
+            .store(state == PauseState::Running, Ordering::Release);
     }
 
     pub fn pause(&self, fail_after: Duration) {

@@ -9,7 +9,9 @@
 //! - `/status/<code>` — that status with body `status <code>`
 //! - `/bytes/<n>` — n bytes of `x` with a Content-Length
 //! - `/ws` — WebSocket echo
-//! - anything else — 200 with the backend's name as body and `X-Backend: <name>`
+//! - `/headers?name=value&…` — 200 with each pair (percent-decoded) as a response header
+//! - anything else — 200 with the backend's name as body, `X-Backend: <name>` and
+//!   `X-Uri: <path and query as received>`
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -39,22 +41,36 @@ struct State {
     healthy: AtomicBool,
     hits: AtomicUsize,
     health_hits: AtomicUsize,
+    connections: AtomicUsize,
+    /// `/slow` requests whose connection went away before the answer was ready.
+    slow_cancelled: AtomicUsize,
 }
 
 impl Backend {
     pub async fn start(name: &str) -> Backend {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind backend");
+        Self::start_on("127.0.0.1:0", name).await
+    }
+
+    /// Listens on a given address (the example `test_backend` binary uses this inside a
+    /// container).
+    pub async fn start_on(addr: &str, name: &str) -> Backend {
+        let listener = TcpListener::bind(addr).await.expect("bind backend");
         let addr = listener.local_addr().expect("addr");
         let state = Arc::new(State {
             name: name.to_string(),
             healthy: AtomicBool::new(true),
             hits: AtomicUsize::new(0),
             health_hits: AtomicUsize::new(0),
+            connections: AtomicUsize::new(0),
+            slow_cancelled: AtomicUsize::new(0),
         });
         let s = state.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                s.connections.fetch_add(1, Ordering::SeqCst);
                 let s = s.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
@@ -68,7 +84,12 @@ impl Backend {
                 });
             }
         });
-        Backend { addr, name: name.to_string(), state, task }
+        Backend {
+            addr,
+            name: name.to_string(),
+            state,
+            task,
+        }
     }
 
     /// `127.0.0.1:<port>`, as passed to `--target`.
@@ -87,6 +108,16 @@ impl Backend {
 
     pub fn health_hits(&self) -> usize {
         self.state.health_hits.load(Ordering::SeqCst)
+    }
+
+    /// TCP connections accepted so far (health checks included).
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// `/slow` requests abandoned by the caller before they were answered.
+    pub fn slow_cancelled(&self) -> usize {
+        self.state.slow_cancelled.load(Ordering::SeqCst)
     }
 
     /// Stops accepting new connections (existing ones keep going).
@@ -111,7 +142,11 @@ pub fn fnv1a(data: &[u8]) -> u64 {
 }
 
 fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
-    let mut r = Response::new(Full::new(body.into()).map_err(|never| match never {}).boxed());
+    let mut r = Response::new(
+        Full::new(body.into())
+            .map_err(|never| match never {})
+            .boxed(),
+    );
     *r.status_mut() = status;
     r
 }
@@ -142,7 +177,10 @@ async fn route(s: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     }
     if path == "/slow" {
         let ms = query_param(&req, "ms").unwrap_or(1000);
+        // Hyper drops this future when the caller closes the connection.
+        let guard = CancelGuard(Some(s.clone()));
         tokio::time::sleep(Duration::from_millis(ms)).await;
+        guard.disarm();
         return full(StatusCode::OK, format!("slow {ms}"));
     }
     if path == "/sse" {
@@ -165,7 +203,28 @@ async fn route(s: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     }
     if let Some(code) = path.strip_prefix("/status/") {
         let code: u16 = code.parse().unwrap_or(500);
-        return full(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), format!("status {code}"));
+        return full(
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            format!("status {code}"),
+        );
+    }
+    if path == "/headers" {
+        let mut r = full(StatusCode::OK, "headers");
+        for (k, v) in req
+            .uri()
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+        {
+            if let (Ok(k), Ok(v)) = (
+                hyper::header::HeaderName::from_bytes(&percent_decode(k)),
+                hyper::header::HeaderValue::from_bytes(&percent_decode(v)),
+            ) {
+                r.headers_mut().append(k, v);
+            }
+        }
+        return r;
     }
     if let Some(n) = path.strip_prefix("/bytes/") {
         let n: usize = n.parse().unwrap_or(0);
@@ -173,7 +232,45 @@ async fn route(s: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     }
     let mut r = full(StatusCode::OK, s.name.clone());
     r.headers_mut().insert("x-backend", s.name.parse().unwrap());
+    if let Ok(uri) = req.uri().to_string().parse() {
+        r.headers_mut().insert("x-uri", uri);
+    }
     r
+}
+
+struct CancelGuard(Option<Arc<State>>);
+
+impl CancelGuard {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.slow_cancelled.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
 }
 
 async fn echo(req: Request<Incoming>) -> Response<Body> {
@@ -186,7 +283,10 @@ async fn echo(req: Request<Incoming>) -> Response<Body> {
             .iter()
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .collect();
-        headers.insert(name.as_str().to_string(), serde_json::Value::String(values.join(", ")));
+        headers.insert(
+            name.as_str().to_string(),
+            serde_json::Value::String(values.join(", ")),
+        );
     }
     let bytes = match body.collect().await {
         Ok(b) => b.to_bytes(),
@@ -200,7 +300,8 @@ async fn echo(req: Request<Incoming>) -> Response<Body> {
         "body_fnv": format!("{:016x}", fnv1a(&bytes)),
     });
     let mut r = full(StatusCode::OK, json.to_string());
-    r.headers_mut().insert("content-type", "application/json".parse().unwrap());
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
     r
 }
 
@@ -232,6 +333,9 @@ fn websocket(mut req: Request<Incoming>) -> Response<Body> {
     let h = r.headers_mut();
     h.insert("connection", "Upgrade".parse().unwrap());
     h.insert("upgrade", "websocket".parse().unwrap());
-    h.insert("sec-websocket-accept", derive_accept_key(key.as_bytes()).parse().unwrap());
+    h.insert(
+        "sec-websocket-accept",
+        derive_accept_key(key.as_bytes()).parse().unwrap(),
+    );
     r
 }

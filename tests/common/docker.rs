@@ -350,3 +350,77 @@ pub fn docker_socket_path() -> std::path::PathBuf {
         .and_then(|host| host.strip_prefix("unix://").map(std::path::PathBuf::from))
         .unwrap_or_else(|| "/var/run/docker.sock".into())
 }
+
+/// The `test_backend` example binary (tests/common/backend.rs as a program), built on
+/// demand so a single `cargo test --test …` works too.
+pub fn test_backend_binary() -> std::path::PathBuf {
+    static BUILT: OnceLock<std::path::PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("test executable path");
+            // target/<profile>/deps/<test> → target/<profile>/examples/test_backend
+            let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+            let binary = profile_dir.join("examples").join("test_backend");
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "--example", "test_backend"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("run cargo build --example test_backend");
+            assert!(status.success(), "building the test_backend example failed");
+            assert!(binary.exists(), "{} missing after build", binary.display());
+            binary
+        })
+        .clone()
+}
+
+/// Runs the real test backend (echo, slow, SSE, WebSocket…) inside a container, on the
+/// host network at 127.0.0.1:<port>. The binary and the host's shared libraries are
+/// mounted read-only into the busybox image, which has no libc of its own.
+/// `boot_delay` models an app that takes time to boot before it listens.
+pub fn run_app_container(name_prefix: &str, boot_delay: Duration) -> TestContainer {
+    let binary = test_backend_binary();
+    let dir = binary.parent().expect("examples dir").display().to_string();
+    let image = ensure_test_image();
+    let port = free_port();
+    let container = TestContainer {
+        name: format!("{name_prefix}-{}", unique_suffix()),
+        port,
+    };
+    let mount = format!("{dir}:/app:ro");
+    let listen = format!("127.0.0.1:{port}");
+    let delay = boot_delay.as_millis().to_string();
+    let mut args = vec![
+        "run",
+        "-d",
+        "--init",
+        "--network",
+        "host",
+        "--label",
+        TEST_LABEL,
+        "--name",
+        &container.name,
+        "-v",
+        &mount,
+    ];
+    let libs: Vec<String> = ["/lib", "/lib64", "/usr/lib"]
+        .iter()
+        .filter(|p| Path::new(p).exists())
+        .map(|p| format!("{p}:{p}:ro"))
+        .collect();
+    for l in &libs {
+        args.push("-v");
+        args.push(l);
+    }
+    args.extend_from_slice(&[
+        &image,
+        "/app/test_backend",
+        "--listen",
+        &listen,
+        "--name",
+        name_prefix,
+        "--boot-delay-ms",
+        &delay,
+    ]);
+    docker(&args);
+    container
+}

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod docker;
+pub mod raw;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -39,7 +40,10 @@ impl Proxy {
             http_port: 0,
             metrics_port: None,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
-            extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            extra_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             lines: Arc::new(Mutex::new(Vec::new())),
         };
         p.spawn();
@@ -73,9 +77,15 @@ impl Proxy {
 
     fn spawn(&mut self) {
         std::fs::create_dir_all(self.home()).expect("home");
-        let port = if self.http_port == 0 { "0".to_string() } else { self.http_port.to_string() };
+        let port = if self.http_port == 0 {
+            "0".to_string()
+        } else {
+            self.http_port.to_string()
+        };
         let mut cmd = self.command();
-        cmd.arg("run").arg(format!("--http-port={port}")).args(&self.extra_args);
+        cmd.arg("run")
+            .arg(format!("--http-port={port}"))
+            .args(&self.extra_args);
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -100,9 +110,14 @@ impl Proxy {
             }
         });
         self.child = Some(child);
-        let started = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
-            panic!("kamal-proxy did not start; output:\n{}", self.logs().join("\n"))
-        });
+        let started = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "kamal-proxy did not start; output:\n{}",
+                    self.logs().join("\n")
+                )
+            });
         let started: Result<String, ()> = started;
         let v: serde_json::Value = serde_json::from_str(&started.unwrap()).expect("json");
         self.http_port = v["http"].as_u64().expect("http port") as u16;
@@ -169,13 +184,23 @@ impl Proxy {
     /// Runs a CLI command expected to fail; returns its stderr.
     pub fn fails(&self, args: &[&str]) -> String {
         let out = self.cli(args);
-        assert_eq!(out.status.code(), Some(1), "kamal-proxy {args:?} should exit 1");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "kamal-proxy {args:?} should exit 1"
+        );
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
     pub fn deploy(&self, service: &str, target: &str, extra: &[&str]) {
         let t = format!("--target={target}");
-        let mut args = vec!["deploy", service, t.as_str(), "--deploy-timeout=5s", "--drain-timeout=2s"];
+        let mut args = vec![
+            "deploy",
+            service,
+            t.as_str(),
+            "--deploy-timeout=5s",
+            "--drain-timeout=2s",
+        ];
         args.extend_from_slice(extra);
         self.ok(&args);
     }
@@ -217,7 +242,10 @@ impl Drop for Proxy {
 }
 
 fn unsafe_kill(pid: u32, signal: &str) {
-    let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
 }
 
 /// An HTTP client that never uses a proxy from the environment and keeps connections.
@@ -231,4 +259,177 @@ pub fn client() -> reqwest::Client {
 
 pub fn path_exists(p: &Path) -> bool {
     p.exists()
+}
+
+/// What a client saw: status, headers and body.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    /// A response header as text ("" when absent).
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+/// Sends `method url` with an optional `Host` header and reads the whole response.
+pub async fn send(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    host: Option<&str>,
+) -> Result<Reply, reqwest::Error> {
+    let mut req = client.request(method, url);
+    if let Some(h) = host {
+        req = req.header(reqwest::header::HOST, h);
+    }
+    let resp = req.send().await?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.text().await?;
+    Ok(Reply {
+        status,
+        headers,
+        body,
+    })
+}
+
+impl Proxy {
+    /// `GET path` with `Host: host` (no header override when `host` is empty).
+    pub async fn get(&self, host: &str, path: &str) -> Reply {
+        let host = (!host.is_empty()).then_some(host);
+        send(&client(), reqwest::Method::GET, &self.url(path), host)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} (host {host:?}) failed: {e}"))
+    }
+
+    /// The `list` table rows (ANSI escapes removed, cells trimmed), header excluded.
+    pub fn list_rows(&self) -> Vec<Vec<String>> {
+        let out = self.ok(&["list"]);
+        out.lines()
+            .skip(1)
+            .map(|line| {
+                strip_ansi(line)
+                    .split("  ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// `list --json` parsed.
+    pub fn list_json(&self) -> serde_json::Value {
+        let out = self.ok(&["list", "--json"]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("list --json: {e}: {out}"))
+    }
+}
+
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Polls `check` until it returns true or `timeout` passes; returns the last result.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// How a one-off `kamal-proxy run` ended up.
+#[derive(Debug)]
+pub enum RunOutcome {
+    /// It logged `Server started` on this HTTP port (and has been stopped again).
+    Started { http_port: u16 },
+    /// It exited before starting.
+    Exited { code: Option<i32>, stderr: String },
+}
+
+/// Runs `kamal-proxy run <args>` with its own home and socket and exactly the given extra
+/// environment (no `--http-port` is added), and reports whether it started.
+pub fn try_run(args: &[&str], env: &[(&str, &str)]) -> RunOutcome {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    let mut cmd = Command::new(BIN);
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", &home)
+        .env("KAMAL_PROXY_SOCKET", dir.path().join("kamal-proxy.sock"))
+        .env("TMPDIR", dir.path())
+        .arg("run")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn kamal-proxy run");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("\"msg\":\"Server started\"") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(line) = rx.try_recv() {
+            let _ = child.kill();
+            let _ = child.wait();
+            let v: serde_json::Value = serde_json::from_str(&line).expect("json");
+            let http_port = v["http"].as_u64().expect("http port") as u16;
+            return RunOutcome::Started { http_port };
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut stderr = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+            }
+            return RunOutcome::Exited {
+                code: status.code(),
+                stderr,
+            };
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kamal-proxy run neither started nor exited");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

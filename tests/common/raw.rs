@@ -1,0 +1,125 @@
+//! Raw HTTP/1.x over a `TcpStream`, for tests that must control every byte the client
+//! sends (hop-by-hop headers, HTTP/1.0, malformed bodies, unparsed query strings) or see
+//! every byte the proxy answers with (status line, exact header names).
+
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// How long any raw exchange may take before the test fails instead of hanging.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+#[derive(Debug)]
+pub struct RawResponse {
+    /// e.g. `HTTP/1.1 200 OK`
+    pub status_line: String,
+    pub status: u16,
+    /// In the order received, names as sent.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    /// The first value of a header (case-insensitive name).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn has_header(&self, name: &str) -> bool {
+        self.header(name).is_some()
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// Connects to the proxy's HTTP port on loopback.
+pub async fn connect(port: u16) -> TcpStream {
+    TcpStream::connect(("127.0.0.1", port)).await.expect("connect to proxy")
+}
+
+/// Sends `request` verbatim on a fresh connection and reads one response.
+pub async fn send(port: u16, request: &[u8]) -> RawResponse {
+    let mut stream = connect(port).await;
+    stream.write_all(request).await.expect("write request");
+    let mut reader = BufReader::new(stream);
+    tokio::time::timeout(DEADLINE, read_response(&mut reader, false))
+        .await
+        .expect("response within the deadline")
+}
+
+/// Reads one response (head and body) from `reader`.
+pub async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R, head_request: bool) -> RawResponse {
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).await.expect("read status line");
+    assert!(!status_line.is_empty(), "connection closed before a response");
+    let status_line = status_line.trim_end().to_string();
+    let status: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).await.expect("read header");
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (k, v) = line.split_once(':').unwrap_or_else(|| panic!("bad header line {line:?}"));
+        headers.push((k.to_string(), v.trim().to_string()));
+    }
+    let mut response = RawResponse { status_line, status, headers, body: Vec::new() };
+    if head_request || status < 200 || status == 204 || status == 304 {
+        return response;
+    }
+    let chunked = response
+        .header("transfer-encoding")
+        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    if chunked {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).await.expect("read chunk size");
+            let size = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16)
+                .unwrap_or_else(|_| panic!("bad chunk size {size:?}"));
+            if size == 0 {
+                // Trailers, then the final empty line.
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).await.expect("read trailer");
+                    if line.trim_end().is_empty() {
+                        break;
+                    }
+                }
+                break;
+            }
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).await.expect("read chunk");
+            chunk.truncate(size);
+            response.body.extend_from_slice(&chunk);
+        }
+    } else if let Some(len) = response.header("content-length") {
+        let len: usize = len.parse().expect("content-length");
+        response.body = vec![0; len];
+        reader.read_exact(&mut response.body).await.expect("read body");
+    } else {
+        reader.read_to_end(&mut response.body).await.expect("read body to EOF");
+    }
+    response
+}
+
+/// A free TCP port on loopback (for `--metrics-port`, or a target nobody listens on).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}

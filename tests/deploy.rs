@@ -1,0 +1,375 @@
+//! Deploys: waiting for health, zero-downtime switches, draining, removal, and the `list`
+//! output users read afterwards.
+
+mod common;
+use common::{Proxy, backend::Backend, client, eventually, send};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const FAST_HEALTH: [&str; 2] = ["--health-check-interval=100ms", "--health-check-timeout=1s"];
+
+/// Runs a blocking CLI call without starving the runtime's other tasks.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+fn deploy_args<'a>(service: &'a str, target: &'a str, extra: &[&'a str]) -> Vec<String> {
+    let mut args = vec!["deploy".to_string(), service.to_string(), format!("--target={target}")];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unhealthy_target_fails_the_deploy_and_is_not_routed() {
+    let sick = Backend::start("sick").await;
+    sick.set_healthy(false);
+    let proxy = Proxy::start();
+
+    let started = Instant::now();
+    let args = deploy_args("app", &sick.target(), &["--deploy-timeout=1s", FAST_HEALTH[0]]);
+    let stderr = blocking(|| proxy.fails(&strs(&args)));
+    assert_eq!(stderr, "Error: target failed to become healthy within configured timeout (1s)\n");
+    assert!(started.elapsed() >= Duration::from_millis(900), "the deploy waited for the timeout");
+    assert!(sick.health_hits() >= 2, "the target was health checked repeatedly");
+    assert_eq!(proxy.get("", "/").await.status, 404);
+    assert_eq!(proxy.list_rows().len(), 0);
+    assert_eq!(sick.hits(), 0, "no request reached the unhealthy target");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_redeploy_keeps_the_previous_target_serving() {
+    let good = Backend::start("good").await;
+    let sick = Backend::start("sick").await;
+    sick.set_healthy(false);
+    let proxy = Proxy::start();
+    proxy.deploy("app", &good.target(), &["--host=app.test"]);
+    let list_before = proxy.ok(&["list"]);
+    let state_before = std::fs::read_to_string(proxy.state_file()).unwrap();
+
+    let args = deploy_args(
+        "app",
+        &sick.target(),
+        &["--host=other.test", "--deploy-timeout=500ms", FAST_HEALTH[0]],
+    );
+    let stderr = blocking(|| proxy.fails(&strs(&args)));
+    assert_eq!(
+        stderr,
+        "Error: target failed to become healthy within configured timeout (500ms)\n"
+    );
+    let r = proxy.get("app.test", "/").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "good"));
+    assert_eq!(proxy.get("other.test", "/").await.status, 404, "new options not applied");
+    assert_eq!(proxy.ok(&["list"]), list_before);
+    assert_eq!(std::fs::read_to_string(proxy.state_file()).unwrap(), state_before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn force_skips_the_health_wait() {
+    let sick = Backend::start("sick").await;
+    sick.set_healthy(false);
+    let proxy = Proxy::start();
+
+    let args = deploy_args("app", &sick.target(), &["--force", "--deploy-timeout=30s", FAST_HEALTH[0]]);
+    let started = Instant::now();
+    blocking(|| proxy.ok(&strs(&args)));
+    assert!(started.elapsed() < Duration::from_secs(20), "--force must not wait for health");
+    let rows = proxy.list_rows();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0][3], sick.target());
+
+    // Installed, but a target that never passed a check receives no traffic.
+    let r = proxy.get("", "/").await;
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(sick.hits(), 0);
+    sick.set_healthy(true);
+    let served = eventually(Duration::from_secs(10), || async {
+        proxy.get("", "/").await.body == "sick"
+    })
+    .await;
+    assert!(served, "the forced target serves once it turns healthy");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_check_uses_the_configured_path() {
+    let backend = Backend::start("app").await;
+    backend.set_healthy(false); // `/up` answers 503 from now on
+    let proxy = Proxy::start();
+
+    let failing = deploy_args("app", &backend.target(), &["--deploy-timeout=500ms", FAST_HEALTH[0]]);
+    let stderr = blocking(|| proxy.fails(&strs(&failing)));
+    assert!(stderr.contains("failed to become healthy"), "{stderr}");
+
+    let bad_path = deploy_args(
+        "app",
+        &backend.target(),
+        &["--health-check-path=/status/500", "--deploy-timeout=500ms", FAST_HEALTH[0]],
+    );
+    let stderr = blocking(|| proxy.fails(&strs(&bad_path)));
+    assert!(stderr.contains("failed to become healthy"), "{stderr}");
+
+    let hits_before = backend.hits();
+    let good_path = deploy_args(
+        "app",
+        &backend.target(),
+        &["--health-check-path=/status/204", "--deploy-timeout=5s", FAST_HEALTH[0]],
+    );
+    blocking(|| proxy.ok(&strs(&good_path)));
+    assert!(backend.hits() > hits_before, "the probe went to /status/204");
+    assert_eq!(proxy.get("", "/").await.body, "app");
+}
+
+/// Sends requests back to back until `stop`, recording every outcome.
+async fn request_loop(
+    url: String,
+    http: reqwest::Client,
+    stop: Arc<AtomicBool>,
+) -> Vec<Result<(u16, String), String>> {
+    let mut outcomes = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        let outcome = match send(&http, reqwest::Method::GET, &url, None).await {
+            Ok(r) => Ok((r.status, r.body)),
+            Err(e) => Err(e.to_string()),
+        };
+        outcomes.push(outcome);
+    }
+    outcomes
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn twenty_redeploys_under_load_lose_no_request() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let proxy = Proxy::start();
+    proxy.deploy("app", &a.target(), &[]);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    // One client reuses its connection across switches, the other opens a new one each time.
+    let fresh = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let loops = [client(), fresh].map(|http| {
+        tokio::spawn(request_loop(proxy.url("/"), http, stop.clone()))
+    });
+    // Let traffic flow before the first switch.
+    let a_serving = eventually(Duration::from_secs(5), || async { a.hits() >= 10 }).await;
+    assert!(a_serving);
+
+    for i in 0..20 {
+        let target = if i % 2 == 0 { b.target() } else { a.target() };
+        let args = deploy_args("app", &target, &["--deploy-timeout=5s", "--drain-timeout=5s", FAST_HEALTH[0]]);
+        blocking(|| proxy.ok(&strs(&args)));
+        let rows = blocking(|| proxy.list_rows());
+        assert_eq!(rows[0][3], target, "list shows the new target after deploy {i}");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.store(true, Ordering::SeqCst);
+
+    let mut total = 0;
+    let mut seen = std::collections::BTreeMap::new();
+    for handle in loops {
+        for outcome in handle.await.unwrap() {
+            total += 1;
+            match outcome {
+                Ok((200, body)) if body == "a" || body == "b" => *seen.entry(body).or_insert(0) += 1,
+                other => panic!("request {total} failed during redeploys: {other:?}"),
+            }
+        }
+    }
+    assert!(total >= 40, "the clients kept requesting throughout ({total} requests)");
+    assert_eq!(seen.len(), 2, "both backends served: {seen:?}");
+    // Deploy 20 (index 19) went back to `a`: it serves now.
+    assert_eq!(proxy.get("", "/").await.body, "a");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_request_survives_its_target_being_replaced() {
+    let old = Backend::start("old").await;
+    let new = Backend::start("new").await;
+    let proxy = Proxy::start();
+    proxy.deploy("app", &old.target(), &[]);
+
+    let url = proxy.url("/slow?ms=1500");
+    let sent = Instant::now();
+    let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
+    assert!(eventually(Duration::from_secs(5), || async { old.hits() == 1 }).await);
+
+    // Meanwhile new requests already go to the new target while the deploy drains.
+    let deploying = {
+        let args = deploy_args("app", &new.target(), &["--drain-timeout=10s", FAST_HEALTH[0]]);
+        let env = proxy_cli_env(&proxy);
+        tokio::task::spawn_blocking(move || run_cli(&env, &args))
+    };
+    let switched = eventually(Duration::from_secs(5), || async {
+        proxy.get("", "/").await.body == "new"
+    })
+    .await;
+    assert!(switched, "new requests go to the new target during the drain");
+    assert!(!deploying.is_finished(), "deploy returns only after the old target drained");
+
+    let (code, stderr) = deploying.await.unwrap();
+    assert_eq!(code, Some(0), "deploy failed: {stderr}");
+    assert!(
+        sent.elapsed() >= Duration::from_millis(1400),
+        "deploy returned before the in-flight request finished"
+    );
+    let r = slow.await.unwrap().expect("slow request");
+    assert_eq!((r.status, r.body.as_str()), (200, "slow 1500"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_timeout_cancels_a_request_that_is_too_slow() {
+    let old = Backend::start("old").await;
+    let new = Backend::start("new").await;
+    let proxy = Proxy::start();
+    proxy.deploy("app", &old.target(), &[]);
+
+    let url = proxy.url("/slow?ms=8000");
+    let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
+    assert!(eventually(Duration::from_secs(5), || async { old.hits() == 1 }).await);
+
+    let started = Instant::now();
+    let args = deploy_args("app", &new.target(), &["--drain-timeout=300ms", FAST_HEALTH[0]]);
+    blocking(|| proxy.ok(&strs(&args)));
+    assert!(started.elapsed() < Duration::from_secs(6), "deploy waited for the drain timeout only");
+
+    let r = slow.await.unwrap().expect("the client gets an answer");
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(r.header("content-type"), "text/html; charset=utf-8");
+    assert_eq!(proxy.get("", "/").await.body, "new");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remove_and_rm_stop_routing() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let proxy = Proxy::start();
+    proxy.deploy("one", &a.target(), &["--host=one.test"]);
+    proxy.deploy("two", &b.target(), &["--host=two.test"]);
+
+    assert_eq!(proxy.ok(&["remove", "one"]), "");
+    assert_eq!(proxy.get("one.test", "/").await.status, 404);
+    assert_eq!(proxy.get("two.test", "/").await.body, "b");
+    let rows = proxy.list_rows();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0][0], "two");
+
+    proxy.ok(&["rm", "two"]);
+    assert_eq!(proxy.get("two.test", "/").await.status, 404);
+    assert!(proxy.list_rows().is_empty());
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(proxy.state_file()).unwrap()).unwrap();
+    assert_eq!(state["services"], serde_json::json!([]), "{state}");
+
+    assert_eq!(proxy.fails(&["remove", "one"]), "Error: service not found\n");
+}
+
+/// One table cell as upstream prints it: styled text, padding, two spaces.
+fn cell(style: &str, text: &str, width: usize) -> String {
+    format!("\x1b[{style}m{text}\x1b[0m{}  ", " ".repeat(width - text.len()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_prints_upstreams_table() {
+    let proxy = Proxy::start();
+    let header = ["Service", "Host", "Path", "Target", "State", "TLS"];
+    let header_line = |widths: [usize; 6]| -> String {
+        let mut line: String = header.iter().zip(widths).map(|(h, w)| cell("3;94", h, w)).collect();
+        line.push('\n');
+        line
+    };
+    // No services: the header alone, each cell as wide as its text.
+    assert_eq!(proxy.ok(&["list"]), header_line([7, 4, 4, 6, 5, 3]));
+
+    // Unreachable targets with --force keep the output independent of ports.
+    let force = ["--force", "--health-check-interval=10s"];
+    let mut web = vec!["--host=example.com,www.example.com", "--read-target=web-ro:3000"];
+    web.extend(force);
+    proxy.deploy("web", "web-1:3000,web-2:3000", &web);
+    let mut api = vec!["--host=api.example.com", "--path-prefix=/v1"];
+    api.extend(force);
+    proxy.deploy("api", "api-1:3000", &api);
+    proxy.deploy("worker", "worker:80", &force);
+    proxy.ok(&["pause", "worker", "--drain-timeout=1s"]);
+
+    let widths = [7, 27, 4, 33, 7, 3];
+    let row = |cells: [&str; 6]| -> String {
+        let mut line = String::new();
+        for (i, (text, w)) in cells.iter().zip(widths).enumerate() {
+            line.push_str(&cell(if i == 0 { "1;34" } else { "" }, text, w));
+        }
+        line.push('\n');
+        line
+    };
+    let expected = [
+        header_line(widths),
+        row(["api", "api.example.com", "/v1", "api-1:3000", "running", "no"]),
+        row([
+            "web",
+            "example.com,www.example.com",
+            "/",
+            "web-1:3000,web-2:3000,web-ro:3000",
+            "running",
+            "no",
+        ]),
+        row(["worker", "*", "/", "worker:80", "paused", "no"]),
+    ]
+    .concat();
+    let out = proxy.ok(&["list"]);
+    assert_eq!(out, expected, "\n{out}\n{expected}");
+    assert_eq!(proxy.ok(&["ls"]), expected);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_json_describes_every_service() {
+    let app = Backend::start("app").await;
+    let proxy = Proxy::start();
+    proxy.deploy("app", &app.target(), &["--host=app.test", "--path-prefix=/api"]);
+    proxy.deploy("bare", "bare-1:80", &["--force", "--health-check-interval=10s"]);
+    proxy.ok(&["stop", "bare", "--drain-timeout=1s"]);
+
+    let v = proxy.list_json();
+    let services = v["services"].as_object().expect("services object");
+    assert_eq!(services.len(), 2, "{v}");
+    let a = &services["app"];
+    assert_eq!(a["host"], "app.test");
+    assert_eq!(a["path"], "/api");
+    assert_eq!(a["tls"], false);
+    assert_eq!(a["target"], app.target());
+    assert_eq!(a["state"], "running");
+    let b = &services["bare"];
+    assert_eq!(b["host"], "*");
+    assert_eq!(b["path"], "/");
+    assert_eq!(b["target"], "bare-1:80");
+    assert_eq!(b["state"], "stopped");
+
+    proxy.ok(&["rm", "bare"]);
+    proxy.ok(&["rm", "app"]);
+    assert_eq!(proxy.list_json(), serde_json::json!({"services": {}}));
+}
+
+/// The environment the harness gives CLI calls, so a call can run on another thread.
+fn proxy_cli_env(proxy: &Proxy) -> Vec<(String, String)> {
+    vec![
+        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+        ("HOME".into(), proxy.home().display().to_string()),
+        ("KAMAL_PROXY_SOCKET".into(), proxy.socket().display().to_string()),
+        ("TMPDIR".into(), proxy.dir.path().display().to_string()),
+    ]
+}
+
+fn run_cli(env: &[(String, String)], args: &[String]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(common::BIN)
+        .env_clear()
+        .envs(env.iter().cloned())
+        .args(args)
+        .output()
+        .expect("run cli");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}

@@ -1,0 +1,399 @@
+//! Scale-to-zero against the real Docker Engine: a service idle for `--sleep-after` has
+//! its container stopped; the next request is held, the container starts, and the request
+//! goes through. The app is the real test backend running inside a container.
+
+mod common;
+
+use common::docker::{self, TestContainer};
+use common::{Proxy, backend::fnv1a, client};
+use std::time::{Duration, Instant};
+
+/// A proxy with scale-to-zero enabled against the engine the tests use.
+fn proxy() -> Proxy {
+    let socket = format!("--docker-socket={}", docker::docker_socket_path().display());
+    Proxy::start_with(&[&socket], &[])
+}
+
+fn app(prefix: &str) -> TestContainer {
+    let c = docker::run_app_container(prefix, Duration::ZERO);
+    docker::wait_until_ready(&c).expect("app container ready");
+    c
+}
+
+fn deploy_sleepy(p: &Proxy, c: &TestContainer, extra: &[&str]) {
+    let target = format!("127.0.0.1:{}", c.port);
+    let container = format!("--sleep-container={}", c.name);
+    let mut flags = vec![
+        "--sleep-after=1s",
+        container.as_str(),
+        "--health-check-interval=200ms",
+    ];
+    flags.extend_from_slice(extra);
+    p.deploy("app", &target, &flags);
+}
+
+fn state_of(p: &Proxy, service: &str) -> String {
+    let out = p.ok(&["list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("list --json");
+    v["services"][service]["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Polls `list --json` until the service shows `state`.
+fn wait_for_state(p: &Proxy, service: &str, state: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let now = state_of(p, service);
+        if now == state {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "service {service} stayed {now:?}, expected {state:?}\n{}",
+            p.logs().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn asleep(p: &Proxy, c: &TestContainer) {
+    wait_for_state(p, "app", "sleeping", Duration::from_secs(20));
+    assert!(
+        !docker::is_running(&c.name),
+        "container still running while sleeping"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sleeps_when_idle_and_twenty_concurrent_requests_wake_it_once() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("s2z-coalesce");
+    let p = proxy();
+    deploy_sleepy(&p, &c, &[]);
+    asleep(&p, &c);
+    assert!(p.ok(&["list"]).contains("sleeping"));
+
+    let since = docker::now_unix();
+    let http = client();
+    let requests = (0..20).map(|i| {
+        let http = http.clone();
+        let url = p.url(&format!("/hello?{i}"));
+        tokio::spawn(async move { http.get(url).send().await })
+    });
+    for r in futures_util::future::join_all(requests).await {
+        let r = r.unwrap().expect("request");
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.text().await.unwrap(), "s2z-coalesce");
+    }
+    assert_eq!(
+        docker::start_events_since(&c.name, since),
+        1,
+        "exactly one container start"
+    );
+    assert!(docker::is_running(&c.name));
+    assert_eq!(state_of(&p, "app"), "running");
+
+    // And it falls asleep again once idle.
+    asleep(&p, &c);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chunked_post_held_during_a_wake_arrives_byte_identical() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("s2z-post");
+    let p = proxy();
+    deploy_sleepy(&p, &c, &[]);
+    asleep(&p, &c);
+
+    let body: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+    let expected = format!("{:016x}", fnv1a(&body));
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        body.chunks(16 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let stream = futures_util::stream::iter(chunks);
+    let response = client()
+        .post(p.url("/echo"))
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 200);
+    let echo: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(
+        echo["headers"]["transfer-encoding"], "chunked",
+        "sent chunked upstream"
+    );
+    assert_eq!(echo["body_len"], 1024 * 1024);
+    assert_eq!(echo["body_fnv"], expected.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_checks_while_asleep_are_answered_without_a_start() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("s2z-health");
+    let p = proxy();
+    deploy_sleepy(&p, &c, &[]);
+    asleep(&p, &c);
+
+    let since = docker::now_unix();
+    let http = client();
+    for _ in 0..5 {
+        let r = http.get(p.url("/up")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(docker::start_events_since(&c.name, since), 0);
+    assert_eq!(state_of(&p, "app"), "sleeping");
+    assert!(!docker::is_running(&c.name));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_wake_answers_503_with_retry_after_and_no_internal_detail() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("s2z-gone");
+    let p = proxy();
+    deploy_sleepy(&p, &c, &[]);
+    asleep(&p, &c);
+    docker::remove(&c.name);
+
+    let http = client();
+    let r = http.get(p.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("503"), "the 503 page");
+    assert!(!body.contains(&c.name), "body names the container: {body}");
+    assert!(!body.contains("docker"), "body mentions docker: {body}");
+    assert!(!body.contains(".sock"), "body mentions a socket: {body}");
+
+    // Health checks now report the truth.
+    let r = http.get(p.url("/up")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().get("retry-after").is_none() || r.status() == 503);
+    // The reason is in the operator's log.
+    assert!(p.wait_for_log(
+        |l| l.contains("Failed to wake service") && l.contains(&c.name),
+        Duration::from_secs(5)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_while_asleep_keeps_it_asleep_until_a_request_comes() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("s2z-restart");
+    let mut p = proxy();
+    deploy_sleepy(&p, &c, &["--sleep-after=2s"]);
+    asleep(&p, &c);
+    let state = std::fs::read_to_string(p.state_file()).unwrap();
+    assert!(state.contains("\"idle_state\":\"sleeping\""), "{state}");
+
+    let since = docker::now_unix();
+    p.restart();
+    assert_eq!(state_of(&p, "app"), "sleeping");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!docker::is_running(&c.name));
+    assert_eq!(
+        docker::start_events_since(&c.name, since),
+        0,
+        "restart started a container"
+    );
+
+    let r = client().get(p.url("/after-restart")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(docker::start_events_since(&c.name, since), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_open_websocket_keeps_the_service_awake() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("s2z-ws");
+    let p = proxy();
+    deploy_sleepy(&p, &c, &[]);
+
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{}/ws", p.http_port))
+            .await
+            .expect("websocket through the proxy");
+    ws.send(Message::text("first")).await.unwrap();
+    assert_eq!(
+        ws.next()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_text()
+            .unwrap()
+            .as_str(),
+        "first"
+    );
+    // Three times --sleep-after with the socket open and silent.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(state_of(&p, "app"), "running");
+    assert!(docker::is_running(&c.name));
+    ws.send(Message::text("still here")).await.unwrap();
+    assert_eq!(
+        ws.next()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_text()
+            .unwrap()
+            .as_str(),
+        "still here"
+    );
+
+    ws.close(None).await.unwrap();
+    drop(ws);
+    asleep(&p, &c);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deploy_refuses_containers_it_cannot_manage() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("s2z-refuse");
+    let p = proxy();
+    let target = format!("--target=127.0.0.1:{}", c.port);
+    let err = p.fails(&["deploy", "app", &target, "--sleep-after=1s"]);
+    assert!(err.contains("is an address, not a container"), "{err}");
+    assert!(err.contains("--sleep-container"), "{err}");
+
+    let err = p.fails(&[
+        "deploy",
+        "app",
+        &target,
+        "--sleep-after=1s",
+        "--sleep-container=no-such-container-xyz",
+    ]);
+    assert!(
+        err.contains("no container named \"no-such-container-xyz\""),
+        "{err}"
+    );
+    assert!(err.contains("--sleep-container"), "{err}");
+    assert!(!p.ok(&["list"]).contains("app"), "nothing was deployed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sleep_flags_are_validated_by_the_cli_and_the_server() {
+    let plain = Proxy::start();
+    let err = plain.fails(&[
+        "deploy",
+        "app",
+        "--target=web:3000",
+        "--sleep-after=1s",
+        "--force",
+    ]);
+    assert!(
+        err.contains("scale-to-zero requires the proxy to run with --docker-socket"),
+        "{err}"
+    );
+    let err = plain.fails(&["deploy", "app", "--target=web:3000", "--sleep-after=-1s"]);
+    assert!(
+        err.contains("sleep-after and wake-timeout cannot be negative"),
+        "{err}"
+    );
+    let err = plain.fails(&[
+        "deploy",
+        "app",
+        "--target=web:3000",
+        "--sleep-container=web",
+    ]);
+    assert!(
+        err.contains("sleep-container requires sleep-after"),
+        "{err}"
+    );
+    let err = plain.fails(&[
+        "deploy",
+        "app",
+        "--target=web:3000",
+        "--tls",
+        "--tls-on-demand-url=/allow",
+        "--sleep-after=1s",
+    ]);
+    assert!(
+        err.contains("sleep-after cannot be used with a TLS on-demand URL"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_docker_socket_is_a_startup_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.sock");
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    for (path, needle) in [(missing, "does not exist"), (file, "is not a unix socket")] {
+        let out = std::process::Command::new(common::BIN)
+            .env("HOME", dir.path())
+            .env("KAMAL_PROXY_SOCKET", dir.path().join("kp.sock"))
+            .args([
+                "run",
+                "--http-port=0",
+                &format!("--docker-socket={}", path.display()),
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("Error: ") && err.contains(needle), "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wake_timeout_shorter_than_the_boot_answers_503_in_time() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = docker::run_app_container("s2z-slowboot", Duration::from_secs(4));
+    docker::wait_until_ready(&c).expect("slow app eventually ready");
+    let p = proxy();
+    deploy_sleepy(&p, &c, &["--wake-timeout=1s"]);
+    asleep(&p, &c);
+
+    let started = Instant::now();
+    let r = client().get(p.url("/")).send().await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    // Answered at the wake timeout, not after the 4 s boot.
+    assert!(waited < Duration::from_secs(4), "held for {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(900),
+        "gave up early: {waited:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redeploy_while_asleep_leaves_a_service_that_serves() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("s2z-redeploy");
+    let p = proxy();
+    deploy_sleepy(&p, &c, &["--sleep-after=2s"]);
+    asleep(&p, &c);
+    deploy_sleepy(&p, &c, &["--sleep-after=2s"]);
+    let r = client().get(p.url("/after-redeploy")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "s2z-redeploy");
+}
