@@ -71,7 +71,7 @@ cleanup() {
         wait "${PIDS[i]}" 2>/dev/null || true
     done
     if [[ -n "$WORK" && -d "$WORK" ]]; then
-        if ((rc != 0)) && [[ "${KEEP_WORK:-0}" != 1 ]]; then
+        if ((rc != 0 && rc != 130 && rc != 143)); then
             # Show the tail of every server log to explain the failure.
             local f
             for f in "$WORK"/*.log "$WORK"/*/*.log; do
@@ -324,7 +324,7 @@ start_haproxy() {
     cat >"$d/haproxy.cfg" <<EOF
 global
     nbthread 1
-    maxconn 10000
+    maxconn 4000
 defaults
     mode http
     option http-keep-alive
@@ -353,7 +353,6 @@ start_caddy() {
 {
 	admin off
 	auto_https off
-	persist_config off
 	log {
 		output discard
 	}

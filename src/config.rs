@@ -5,11 +5,14 @@ use std::path::PathBuf;
 
 pub const ENV_PREFIX: &str = "KAMAL_PROXY_";
 
-/// `KAMAL_PROXY_<key>` first, then `<key>`; empty values count as unset.
+/// `KAMAL_PROXY_<key>` if it is set, else `<key>`. As upstream (Go's `os.LookupEnv`), a
+/// variable that is set but empty still counts: `KAMAL_PROXY_HTTP_PORT=` means "the
+/// default", not "look at `HTTP_PORT`".
 pub fn env_value(key: &str) -> Option<String> {
     [format!("{ENV_PREFIX}{key}"), key.to_string()]
         .into_iter()
-        .find_map(|k| std::env::var(&k).ok().filter(|v| !v.is_empty()))
+        .find_map(|k| std::env::var_os(&k))
+        .map(|v| v.to_string_lossy().into_owned())
 }
 
 /// An environment default for an integer flag. Like upstream, an unparseable value falls

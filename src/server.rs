@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::observe::access::{AccessRecord, Completion, header_values};
+use crate::observe::access::{AccessRecord, Completion, header_values, no_logged_headers};
 use crate::proxy::Forwarder;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::headers::{X_FORWARDED_FOR, X_REQUEST_ID, X_REQUEST_START};
@@ -206,14 +206,17 @@ fn ping() -> Response<ResponseBody> {
     r
 }
 
-fn ensure_request_id(req: &mut Request<Incoming>) -> String {
+/// The request's id: the client's, or a fresh UUIDv4 set on the request. Returned as a
+/// header value, which shares its bytes instead of copying them for the log.
+fn ensure_request_id(req: &mut Request<Incoming>) -> HeaderValue {
     if let Some(id) = req.headers().get(&X_REQUEST_ID).filter(|v| !v.is_empty()) {
-        return String::from_utf8_lossy(id.as_bytes()).into_owned();
+        return id.clone();
     }
-    let id = uuid::Uuid::new_v4().to_string();
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        req.headers_mut().insert(&X_REQUEST_ID, v);
-    }
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
+    let id = HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(id.as_bytes()))
+        .unwrap_or(HeaderValue::from_static(""));
+    req.headers_mut().insert(&X_REQUEST_ID, id.clone());
     id
 }
 
@@ -229,8 +232,14 @@ fn ensure_request_start(req: &mut Request<Incoming>) {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0);
-    if let Ok(v) = HeaderValue::from_str(&format!("t={ms}")) {
-        req.headers_mut().insert(&X_REQUEST_START, v);
+    // `t=` and at most 39 digits: formatted on the stack, copied once into the header.
+    let mut buf = [0u8; 48];
+    let mut rest = &mut buf[..];
+    if std::io::Write::write_fmt(&mut rest, format_args!("t={ms}")).is_ok() {
+        let len = 48 - rest.len();
+        if let Ok(v) = HeaderValue::from_bytes(&buf[..len]) {
+            req.headers_mut().insert(&X_REQUEST_START, v);
+        }
     }
 }
 
@@ -238,53 +247,50 @@ fn access_record(
     proxy: &Proxy,
     req: &Request<Incoming>,
     conn: Conn,
-    request_id: String,
+    request_id: HeaderValue,
 ) -> AccessRecord {
     let headers = req.headers();
-    let text = |name: header::HeaderName| {
-        headers
-            .get(name)
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .unwrap_or_default()
+    let host = headers.get(header::HOST).cloned().unwrap_or_else(|| {
+        req.uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .unwrap_or(HeaderValue::from_static(""))
+    });
+    let mut forwarded_for = headers.get_all(&X_FORWARDED_FOR).iter();
+    let remote_addr = match (forwarded_for.next(), forwarded_for.next()) {
+        (Some(only), None) => Some(only.clone()),
+        (Some(_), Some(_)) => {
+            HeaderValue::from_str(&header_values(headers, X_FORWARDED_FOR.as_str())).ok()
+        }
+        _ => None,
     };
-    let client_addr = conn.client.ip().to_string();
-    let remote_addr = match headers.get(&X_FORWARDED_FOR) {
-        Some(_) => header_values(headers, X_FORWARDED_FOR.as_str()),
-        None => client_addr.clone(),
-    };
-    let req_content_length = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<i64>().ok())
-        .unwrap_or(
-            if req.method() == http::Method::GET || req.method() == http::Method::HEAD {
-                0
-            } else {
-                -1
-            },
-        );
+    // As Go's `Request.ContentLength`: the declared length, 0 for a request that has no
+    // body (neither Content-Length nor chunked), -1 when only the stream's end will tell.
+    let req_content_length = hyper::body::Body::size_hint(req.body())
+        .exact()
+        .and_then(|n| i64::try_from(n).ok())
+        .unwrap_or(-1);
     AccessRecord {
         started: tokio::time::Instant::now(),
-        host: request_host(req).unwrap_or("").to_string(),
+        host,
         port: if conn.tls {
             proxy.https_port
         } else {
             proxy.http_port
         },
-        path: req.uri().path().to_string(),
+        path_and_query: req.uri().path_and_query().cloned(),
         request_id,
         status: 200,
         service: None,
         target: None,
         method: crate::observe::metrics::method_label(req.method()),
-        method_raw: req.method().as_str().to_string(),
+        method_raw: req.method().clone(),
         req_content_length,
-        req_content_type: text(header::CONTENT_TYPE),
-        resp_content_type: String::new(),
-        client_addr,
-        client_port: conn.client.port().to_string(),
+        req_content_type: headers.get(header::CONTENT_TYPE).cloned(),
+        resp_content_type: None,
+        client: conn.client,
         remote_addr,
-        user_agent: text(header::USER_AGENT),
+        user_agent: headers.get(header::USER_AGENT).cloned(),
         proto: match req.version() {
             http::Version::HTTP_10 => "HTTP/1.0",
             http::Version::HTTP_2 => "HTTP/2.0",
@@ -292,9 +298,8 @@ fn access_record(
             _ => "HTTP/1.1",
         },
         scheme: if conn.tls { "https" } else { "http" },
-        query: req.uri().query().unwrap_or("").to_string(),
         req_headers: Vec::new(),
-        resp_header_names: Arc::new(Vec::new()),
+        resp_header_names: no_logged_headers(),
         resp_headers: Vec::new(),
         exclude_metrics: false,
     }

@@ -15,7 +15,11 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 }
 
 fn deploy_args<'a>(service: &'a str, target: &'a str, extra: &[&'a str]) -> Vec<String> {
-    let mut args = vec!["deploy".to_string(), service.to_string(), format!("--target={target}")];
+    let mut args = vec![
+        "deploy".to_string(),
+        service.to_string(),
+        format!("--target={target}"),
+    ];
     args.extend(extra.iter().map(|s| s.to_string()));
     args
 }
@@ -31,11 +35,24 @@ async fn unhealthy_target_fails_the_deploy_and_is_not_routed() {
     let proxy = Proxy::start();
 
     let started = Instant::now();
-    let args = deploy_args("app", &sick.target(), &["--deploy-timeout=1s", FAST_HEALTH[0]]);
+    let args = deploy_args(
+        "app",
+        &sick.target(),
+        &["--deploy-timeout=1s", FAST_HEALTH[0]],
+    );
     let stderr = blocking(|| proxy.fails(&strs(&args)));
-    assert_eq!(stderr, "Error: target failed to become healthy within configured timeout (1s)\n");
-    assert!(started.elapsed() >= Duration::from_millis(900), "the deploy waited for the timeout");
-    assert!(sick.health_hits() >= 2, "the target was health checked repeatedly");
+    assert_eq!(
+        stderr,
+        "Error: target failed to become healthy within configured timeout (1s)\n"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "the deploy waited for the timeout"
+    );
+    assert!(
+        sick.health_hits() >= 2,
+        "the target was health checked repeatedly"
+    );
     assert_eq!(proxy.get("", "/").await.status, 404);
     assert_eq!(proxy.list_rows().len(), 0);
     assert_eq!(sick.hits(), 0, "no request reached the unhealthy target");
@@ -54,7 +71,11 @@ async fn failed_redeploy_keeps_the_previous_target_serving() {
     let args = deploy_args(
         "app",
         &sick.target(),
-        &["--host=other.test", "--deploy-timeout=500ms", FAST_HEALTH[0]],
+        &[
+            "--host=other.test",
+            "--deploy-timeout=500ms",
+            FAST_HEALTH[0],
+        ],
     );
     let stderr = blocking(|| proxy.fails(&strs(&args)));
     assert_eq!(
@@ -63,9 +84,16 @@ async fn failed_redeploy_keeps_the_previous_target_serving() {
     );
     let r = proxy.get("app.test", "/").await;
     assert_eq!((r.status, r.body.as_str()), (200, "good"));
-    assert_eq!(proxy.get("other.test", "/").await.status, 404, "new options not applied");
+    assert_eq!(
+        proxy.get("other.test", "/").await.status,
+        404,
+        "new options not applied"
+    );
     assert_eq!(proxy.ok(&["list"]), list_before);
-    assert_eq!(std::fs::read_to_string(proxy.state_file()).unwrap(), state_before);
+    assert_eq!(
+        std::fs::read_to_string(proxy.state_file()).unwrap(),
+        state_before
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -74,10 +102,17 @@ async fn force_skips_the_health_wait() {
     sick.set_healthy(false);
     let proxy = Proxy::start();
 
-    let args = deploy_args("app", &sick.target(), &["--force", "--deploy-timeout=30s", FAST_HEALTH[0]]);
+    let args = deploy_args(
+        "app",
+        &sick.target(),
+        &["--force", "--deploy-timeout=30s", FAST_HEALTH[0]],
+    );
     let started = Instant::now();
     blocking(|| proxy.ok(&strs(&args)));
-    assert!(started.elapsed() < Duration::from_secs(20), "--force must not wait for health");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "--force must not wait for health"
+    );
     let rows = proxy.list_rows();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0][3], sick.target());
@@ -100,14 +135,22 @@ async fn health_check_uses_the_configured_path() {
     backend.set_healthy(false); // `/up` answers 503 from now on
     let proxy = Proxy::start();
 
-    let failing = deploy_args("app", &backend.target(), &["--deploy-timeout=500ms", FAST_HEALTH[0]]);
+    let failing = deploy_args(
+        "app",
+        &backend.target(),
+        &["--deploy-timeout=500ms", FAST_HEALTH[0]],
+    );
     let stderr = blocking(|| proxy.fails(&strs(&failing)));
     assert!(stderr.contains("failed to become healthy"), "{stderr}");
 
     let bad_path = deploy_args(
         "app",
         &backend.target(),
-        &["--health-check-path=/status/500", "--deploy-timeout=500ms", FAST_HEALTH[0]],
+        &[
+            "--health-check-path=/status/500",
+            "--deploy-timeout=500ms",
+            FAST_HEALTH[0],
+        ],
     );
     let stderr = blocking(|| proxy.fails(&strs(&bad_path)));
     assert!(stderr.contains("failed to become healthy"), "{stderr}");
@@ -116,10 +159,17 @@ async fn health_check_uses_the_configured_path() {
     let good_path = deploy_args(
         "app",
         &backend.target(),
-        &["--health-check-path=/status/204", "--deploy-timeout=5s", FAST_HEALTH[0]],
+        &[
+            "--health-check-path=/status/204",
+            "--deploy-timeout=5s",
+            FAST_HEALTH[0],
+        ],
     );
     blocking(|| proxy.ok(&strs(&good_path)));
-    assert!(backend.hits() > hits_before, "the probe went to /status/204");
+    assert!(
+        backend.hits() > hits_before,
+        "the probe went to /status/204"
+    );
     assert_eq!(proxy.get("", "/").await.body, "app");
 }
 
@@ -154,19 +204,25 @@ async fn twenty_redeploys_under_load_lose_no_request() {
         .pool_max_idle_per_host(0)
         .build()
         .unwrap();
-    let loops = [client(), fresh].map(|http| {
-        tokio::spawn(request_loop(proxy.url("/"), http, stop.clone()))
-    });
+    let loops = [client(), fresh]
+        .map(|http| tokio::spawn(request_loop(proxy.url("/"), http, stop.clone())));
     // Let traffic flow before the first switch.
     let a_serving = eventually(Duration::from_secs(5), || async { a.hits() >= 10 }).await;
     assert!(a_serving);
 
     for i in 0..20 {
         let target = if i % 2 == 0 { b.target() } else { a.target() };
-        let args = deploy_args("app", &target, &["--deploy-timeout=5s", "--drain-timeout=5s", FAST_HEALTH[0]]);
+        let args = deploy_args(
+            "app",
+            &target,
+            &["--deploy-timeout=5s", "--drain-timeout=5s", FAST_HEALTH[0]],
+        );
         blocking(|| proxy.ok(&strs(&args)));
         let rows = blocking(|| proxy.list_rows());
-        assert_eq!(rows[0][3], target, "list shows the new target after deploy {i}");
+        assert_eq!(
+            rows[0][3], target,
+            "list shows the new target after deploy {i}"
+        );
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     stop.store(true, Ordering::SeqCst);
@@ -177,12 +233,17 @@ async fn twenty_redeploys_under_load_lose_no_request() {
         for outcome in handle.await.unwrap() {
             total += 1;
             match outcome {
-                Ok((200, body)) if body == "a" || body == "b" => *seen.entry(body).or_insert(0) += 1,
+                Ok((200, body)) if body == "a" || body == "b" => {
+                    *seen.entry(body).or_insert(0) += 1
+                }
                 other => panic!("request {total} failed during redeploys: {other:?}"),
             }
         }
     }
-    assert!(total >= 40, "the clients kept requesting throughout ({total} requests)");
+    assert!(
+        total >= 40,
+        "the clients kept requesting throughout ({total} requests)"
+    );
     assert_eq!(seen.len(), 2, "both backends served: {seen:?}");
     // Deploy 20 (index 19) went back to `a`: it serves now.
     assert_eq!(proxy.get("", "/").await.body, "a");
@@ -202,7 +263,11 @@ async fn slow_request_survives_its_target_being_replaced() {
 
     // Meanwhile new requests already go to the new target while the deploy drains.
     let deploying = {
-        let args = deploy_args("app", &new.target(), &["--drain-timeout=10s", FAST_HEALTH[0]]);
+        let args = deploy_args(
+            "app",
+            &new.target(),
+            &["--drain-timeout=10s", FAST_HEALTH[0]],
+        );
         let env = proxy_cli_env(&proxy);
         tokio::task::spawn_blocking(move || run_cli(&env, &args))
     };
@@ -210,8 +275,14 @@ async fn slow_request_survives_its_target_being_replaced() {
         proxy.get("", "/").await.body == "new"
     })
     .await;
-    assert!(switched, "new requests go to the new target during the drain");
-    assert!(!deploying.is_finished(), "deploy returns only after the old target drained");
+    assert!(
+        switched,
+        "new requests go to the new target during the drain"
+    );
+    assert!(
+        !deploying.is_finished(),
+        "deploy returns only after the old target drained"
+    );
 
     let (code, stderr) = deploying.await.unwrap();
     assert_eq!(code, Some(0), "deploy failed: {stderr}");
@@ -235,9 +306,16 @@ async fn drain_timeout_cancels_a_request_that_is_too_slow() {
     assert!(eventually(Duration::from_secs(5), || async { old.hits() == 1 }).await);
 
     let started = Instant::now();
-    let args = deploy_args("app", &new.target(), &["--drain-timeout=300ms", FAST_HEALTH[0]]);
+    let args = deploy_args(
+        "app",
+        &new.target(),
+        &["--drain-timeout=300ms", FAST_HEALTH[0]],
+    );
     blocking(|| proxy.ok(&strs(&args)));
-    assert!(started.elapsed() < Duration::from_secs(6), "deploy waited for the drain timeout only");
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "deploy waited for the drain timeout only"
+    );
 
     let r = slow.await.unwrap().expect("the client gets an answer");
     assert_eq!(r.status, 504, "{r:?}");
@@ -267,12 +345,18 @@ async fn remove_and_rm_stop_routing() {
         serde_json::from_str(&std::fs::read_to_string(proxy.state_file()).unwrap()).unwrap();
     assert_eq!(state["services"], serde_json::json!([]), "{state}");
 
-    assert_eq!(proxy.fails(&["remove", "one"]), "Error: service not found\n");
+    assert_eq!(
+        proxy.fails(&["remove", "one"]),
+        "Error: service not found\n"
+    );
 }
 
 /// One table cell as upstream prints it: styled text, padding, two spaces.
 fn cell(style: &str, text: &str, width: usize) -> String {
-    format!("\x1b[{style}m{text}\x1b[0m{}  ", " ".repeat(width - text.len()))
+    format!(
+        "\x1b[{style}m{text}\x1b[0m{}  ",
+        " ".repeat(width - text.len())
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -280,7 +364,11 @@ async fn list_prints_upstreams_table() {
     let proxy = Proxy::start();
     let header = ["Service", "Host", "Path", "Target", "State", "TLS"];
     let header_line = |widths: [usize; 6]| -> String {
-        let mut line: String = header.iter().zip(widths).map(|(h, w)| cell("3;94", h, w)).collect();
+        let mut line: String = header
+            .iter()
+            .zip(widths)
+            .map(|(h, w)| cell("3;94", h, w))
+            .collect();
         line.push('\n');
         line
     };
@@ -289,7 +377,10 @@ async fn list_prints_upstreams_table() {
 
     // Unreachable targets with --force keep the output independent of ports.
     let force = ["--force", "--health-check-interval=10s"];
-    let mut web = vec!["--host=example.com,www.example.com", "--read-target=web-ro:3000"];
+    let mut web = vec![
+        "--host=example.com,www.example.com",
+        "--read-target=web-ro:3000",
+    ];
     web.extend(force);
     proxy.deploy("web", "web-1:3000,web-2:3000", &web);
     let mut api = vec!["--host=api.example.com", "--path-prefix=/v1"];
@@ -309,7 +400,14 @@ async fn list_prints_upstreams_table() {
     };
     let expected = [
         header_line(widths),
-        row(["api", "api.example.com", "/v1", "api-1:3000", "running", "no"]),
+        row([
+            "api",
+            "api.example.com",
+            "/v1",
+            "api-1:3000",
+            "running",
+            "no",
+        ]),
         row([
             "web",
             "example.com,www.example.com",
@@ -330,8 +428,16 @@ async fn list_prints_upstreams_table() {
 async fn list_json_describes_every_service() {
     let app = Backend::start("app").await;
     let proxy = Proxy::start();
-    proxy.deploy("app", &app.target(), &["--host=app.test", "--path-prefix=/api"]);
-    proxy.deploy("bare", "bare-1:80", &["--force", "--health-check-interval=10s"]);
+    proxy.deploy(
+        "app",
+        &app.target(),
+        &["--host=app.test", "--path-prefix=/api"],
+    );
+    proxy.deploy(
+        "bare",
+        "bare-1:80",
+        &["--force", "--health-check-interval=10s"],
+    );
     proxy.ok(&["stop", "bare", "--drain-timeout=1s"]);
 
     let v = proxy.list_json();
@@ -359,7 +465,10 @@ fn proxy_cli_env(proxy: &Proxy) -> Vec<(String, String)> {
     vec![
         ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
         ("HOME".into(), proxy.home().display().to_string()),
-        ("KAMAL_PROXY_SOCKET".into(), proxy.socket().display().to_string()),
+        (
+            "KAMAL_PROXY_SOCKET".into(),
+            proxy.socket().display().to_string(),
+        ),
         ("TMPDIR".into(), proxy.dir.path().display().to_string()),
     ]
 }
@@ -371,5 +480,170 @@ fn run_cli(env: &[(String, String)], args: &[String]) -> (Option<i32>, String) {
         .args(args)
         .output()
         .expect("run cli");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deploy_waits_for_every_target_and_balances_across_them() {
+    let one = Backend::start("one").await;
+    let two = Backend::start("two").await;
+    two.set_healthy(false);
+    let proxy = Proxy::start();
+    let targets = format!("{},{}", one.target(), two.target());
+
+    let args = deploy_args("app", &targets, &["--deploy-timeout=500ms", FAST_HEALTH[0]]);
+    let stderr = blocking(|| proxy.fails(&strs(&args)));
+    assert_eq!(
+        stderr,
+        "Error: target failed to become healthy within configured timeout (500ms)\n"
+    );
+    // The rejected targets are no longer probed.
+    let probes = two.health_hits();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        two.health_hits() <= probes + 1,
+        "probing continued after the failed deploy"
+    );
+
+    two.set_healthy(true);
+    let args = deploy_args("app", &targets, &["--deploy-timeout=5s", FAST_HEALTH[0]]);
+    blocking(|| proxy.ok(&strs(&args)));
+    let mut bodies = std::collections::BTreeSet::new();
+    for _ in 0..6 {
+        bodies.insert(proxy.get("", "/").await.body);
+    }
+    assert_eq!(bodies.into_iter().collect::<Vec<_>>(), ["one", "two"]);
+    assert_eq!(proxy.list_rows()[0][3], targets);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remove_does_not_wait_for_in_flight_requests() {
+    let app = Backend::start("app").await;
+    let proxy = Proxy::start();
+    proxy.deploy("app", &app.target(), &[]);
+    let url = proxy.url("/slow?ms=2000");
+    let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
+    assert!(eventually(Duration::from_secs(5), || async { app.hits() == 1 }).await);
+
+    blocking(|| proxy.ok(&["remove", "app"]));
+    assert!(
+        !slow.is_finished(),
+        "remove returned at once, without draining"
+    );
+    assert_eq!(proxy.get("", "/").await.status, 404);
+    let r = slow.await.unwrap().expect("in-flight request");
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (200, "slow 2000"),
+        "not cut off by remove"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_deploy_does_not_block_other_commands() {
+    let sick = Backend::start("sick").await;
+    sick.set_healthy(false);
+    let other = Backend::start("other").await;
+    let proxy = Proxy::start();
+    proxy.deploy("other", &other.target(), &["--host=other.test"]);
+
+    let slow_deploy = {
+        let args = deploy_args(
+            "slow",
+            &sick.target(),
+            &["--host=slow.test", "--deploy-timeout=4s"],
+        );
+        let env = proxy_cli_env(&proxy);
+        tokio::task::spawn_blocking(move || run_cli(&env, &args))
+    };
+    assert!(eventually(Duration::from_secs(5), || async { sick.health_hits() > 0 }).await);
+
+    // While it waits for health: list, another deploy and a pause all answer.
+    let started = Instant::now();
+    blocking(|| {
+        assert_eq!(proxy.list_rows().len(), 1);
+        proxy.deploy("third", &other.target(), &["--host=third.test"]);
+        proxy.ok(&["pause", "other", "--drain-timeout=1s"]);
+        proxy.ok(&["resume", "other"]);
+    });
+    assert!(
+        !slow_deploy.is_finished(),
+        "the slow deploy is still waiting"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "commands were not held up"
+    );
+    assert_eq!(proxy.get("third.test", "/").await.body, "other");
+
+    let (code, stderr) = slow_deploy.await.unwrap();
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("failed to become healthy"), "{stderr}");
+    assert_eq!(proxy.get("slow.test", "/").await.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_check_follows_redirects_like_upstream() {
+    let app = Backend::start("app").await;
+    let proxy = Proxy::start();
+    // Go's HTTP client follows redirects: `/redirect/up` → 302 → `/up` → 200 is healthy.
+    let args = deploy_args(
+        "app",
+        &app.target(),
+        &[
+            "--health-check-path=/redirect/up",
+            "--deploy-timeout=2s",
+            FAST_HEALTH[0],
+        ],
+    );
+    blocking(|| proxy.ok(&strs(&args)));
+    assert_eq!(proxy.get("", "/").await.body, "app");
+
+    // A redirect to a failing page is a failure.
+    app.set_healthy(false);
+    let args = deploy_args(
+        "app",
+        &app.target(),
+        &[
+            "--health-check-path=/redirect/up",
+            "--deploy-timeout=500ms",
+            FAST_HEALTH[0],
+        ],
+    );
+    let stderr = blocking(|| proxy.fails(&strs(&args)));
+    assert!(stderr.contains("failed to become healthy"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unhealthy_target_leaves_the_rotation_and_comes_back() {
+    let one = Backend::start("one").await;
+    let two = Backend::start("two").await;
+    let proxy = Proxy::start();
+    let targets = format!("{},{}", one.target(), two.target());
+    proxy.deploy("app", &targets, &FAST_HEALTH);
+
+    two.set_healthy(false);
+    let only_one = eventually(Duration::from_secs(10), || async {
+        let mut bodies = Vec::new();
+        for _ in 0..4 {
+            bodies.push(proxy.get("", "/").await.body);
+        }
+        bodies.iter().all(|b| b == "one")
+    })
+    .await;
+    assert!(only_one, "the failing target was taken out of rotation");
+
+    two.set_healthy(true);
+    let both = eventually(Duration::from_secs(10), || async {
+        let mut bodies = std::collections::BTreeSet::new();
+        for _ in 0..4 {
+            bodies.insert(proxy.get("", "/").await.body);
+        }
+        bodies.len() == 2
+    })
+    .await;
+    assert!(both, "the recovered target serves again");
 }

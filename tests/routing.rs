@@ -9,8 +9,16 @@ const PAGE_404_TEXT: &str = "The page you were looking for doesn’t exist.";
 fn assert_404_page(r: &common::Reply) {
     assert_eq!(r.status, 404, "{r:?}");
     assert_eq!(r.header("content-type"), "text/html; charset=utf-8");
-    assert!(r.body.contains(PAGE_404_TEXT), "built-in 404 page expected: {}", r.body);
-    assert_eq!(r.header("x-backend"), "", "a 404 must not come from a backend");
+    assert!(
+        r.body.contains(PAGE_404_TEXT),
+        "built-in 404 page expected: {}",
+        r.body
+    );
+    assert_eq!(
+        r.header("x-backend"),
+        "",
+        "a 404 must not come from a backend"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -22,7 +30,11 @@ async fn exact_host_matches_with_or_without_port() {
     let r = proxy.get("app.example.com", "/").await;
     assert_eq!((r.status, r.body.as_str()), (200, "app"));
     let r = proxy.get("app.example.com:8080", "/").await;
-    assert_eq!((r.status, r.body.as_str()), (200, "app"), "the port in Host is ignored");
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (200, "app"),
+        "the port in Host is ignored"
+    );
 
     assert_404_page(&proxy.get("other.example.com", "/").await);
     assert_404_page(&proxy.get("example.com", "/").await);
@@ -53,10 +65,17 @@ async fn default_service_catches_unknown_hosts() {
 
     for host in ["", "anything.test", "a.b.c.example.com", "10.0.0.1:81"] {
         let r = proxy.get(host, "/some/path").await;
-        assert_eq!((r.status, r.body.as_str()), (200, "fallback"), "host {host:?}");
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (200, "fallback"),
+            "host {host:?}"
+        );
     }
     let rows = proxy.list_rows();
-    assert_eq!(rows[0][1], "*", "a host-less service lists its host as *: {rows:?}");
+    assert_eq!(
+        rows[0][1], "*",
+        "a host-less service lists its host as *: {rows:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -91,8 +110,16 @@ async fn path_miss_does_not_fall_through_to_wildcard_or_default() {
     let proxy = Proxy::start();
     proxy.deploy("fallback", &fallback.target(), &[]);
     proxy.deploy("wild", &wild.target(), &["--host=*.example.com"]);
-    proxy.deploy("api", &api.target(), &["--host=app.example.com", "--path-prefix=/api"]);
-    proxy.deploy("wild-api", &wild_api.target(), &["--host=*.test", "--path-prefix=/api"]);
+    proxy.deploy(
+        "api",
+        &api.target(),
+        &["--host=app.example.com", "--path-prefix=/api"],
+    );
+    proxy.deploy(
+        "wild-api",
+        &wild_api.target(),
+        &["--host=*.test", "--path-prefix=/api"],
+    );
 
     let r = proxy.get("app.example.com", "/api/x").await;
     assert_eq!((r.status, r.body.as_str()), (200, "api"));
@@ -115,8 +142,16 @@ async fn longest_prefix_wins_on_segment_boundaries() {
     let v2 = Backend::start("v2").await;
     let proxy = Proxy::start();
     proxy.deploy("root", &root.target(), &["--host=example.com"]);
-    proxy.deploy("api", &api.target(), &["--host=example.com", "--path-prefix=/api"]);
-    proxy.deploy("v2", &v2.target(), &["--host=example.com", "--path-prefix=api/v2/"]);
+    proxy.deploy(
+        "api",
+        &api.target(),
+        &["--host=example.com", "--path-prefix=/api"],
+    );
+    proxy.deploy(
+        "v2",
+        &v2.target(),
+        &["--host=example.com", "--path-prefix=api/v2/"],
+    );
 
     let cases = [
         ("/", "root"),
@@ -151,7 +186,10 @@ async fn prefix_is_stripped_by_default_and_query_preserved() {
         ("/api/users/1", "/users/1"),
         ("/api/users/?page=2&sort=-name", "/users/?page=2&sort=-name"),
         ("/api?x=1", "/?x=1"),
-        ("/api/search?q=a%20b&empty=&flag", "/search?q=a%20b&empty=&flag"),
+        (
+            "/api/search?q=a%20b&empty=&flag",
+            "/search?q=a%20b&empty=&flag",
+        ),
     ];
     for (path, upstream) in cases {
         let r = proxy.get("", path).await;
@@ -164,7 +202,11 @@ async fn prefix_is_stripped_by_default_and_query_preserved() {
 async fn prefix_is_kept_with_strip_path_prefix_false() {
     let api = Backend::start("api").await;
     let proxy = Proxy::start();
-    proxy.deploy("api", &api.target(), &["--path-prefix=/api", "--strip-path-prefix=false"]);
+    proxy.deploy(
+        "api",
+        &api.target(),
+        &["--path-prefix=/api", "--strip-path-prefix=false"],
+    );
 
     for path in ["/api", "/api/", "/api/users/1", "/api/search?q=a%20b&flag"] {
         let r = proxy.get("", path).await;
@@ -181,7 +223,12 @@ async fn several_hosts_and_prefixes_route_every_combination() {
     proxy.deploy(
         "multi",
         &multi.target(),
-        &["--host=a.test,b.test", "--host=c.test", "--path-prefix=/one", "--path-prefix=/two"],
+        &[
+            "--host=a.test,b.test",
+            "--host=c.test",
+            "--path-prefix=/one",
+            "--path-prefix=/two",
+        ],
     );
 
     for host in ["a.test", "b.test", "c.test"] {
@@ -207,7 +254,11 @@ async fn nothing_deployed_answers_the_builtin_404_page() {
     for (host, path) in [("", "/"), ("example.com", "/x/y?z=1")] {
         let r = proxy.get(host, path).await;
         assert_404_page(&r);
-        assert!(r.body.contains("<title>404 — Not Found</title>"), "{}", r.body);
+        assert!(
+            r.body.contains("<title>404 — Not Found</title>"),
+            "{}",
+            r.body
+        );
     }
 }
 
@@ -230,16 +281,26 @@ async fn host_conflict_is_refused_and_changes_nothing() {
         let mut args = vec!["deploy", "second", target.as_str(), "--deploy-timeout=5s"];
         args.extend_from_slice(flags);
         let stderr = proxy.fails(&args);
-        assert_eq!(stderr, "Error: host settings conflict with another service\n", "{flags:?}");
+        assert_eq!(
+            stderr, "Error: host settings conflict with another service\n",
+            "{flags:?}"
+        );
     }
     assert_eq!(proxy.ok(&["list"]), list_before);
-    assert_eq!(std::fs::read_to_string(proxy.state_file()).unwrap(), state_before);
+    assert_eq!(
+        std::fs::read_to_string(proxy.state_file()).unwrap(),
+        state_before
+    );
     assert_eq!(proxy.get("app.test", "/").await.body, "first");
     assert_eq!(proxy.get("www.app.test", "/").await.body, "first");
     assert_404_page(&proxy.get("other.test", "/").await);
 
     // The same host under a different prefix is not a conflict.
-    proxy.deploy("second", &second.target(), &["--host=app.test", "--path-prefix=/admin"]);
+    proxy.deploy(
+        "second",
+        &second.target(),
+        &["--host=app.test", "--path-prefix=/admin"],
+    );
     assert_eq!(proxy.get("app.test", "/admin/x").await.body, "second");
     assert_eq!(proxy.get("app.test", "/x").await.body, "first");
 }
@@ -252,7 +313,10 @@ async fn hostless_services_conflict_only_on_the_same_prefix() {
     proxy.deploy("first", &first.target(), &[]);
     let target = format!("--target={}", second.target());
     let stderr = proxy.fails(&["deploy", "second", &target, "--deploy-timeout=5s"]);
-    assert_eq!(stderr, "Error: host settings conflict with another service\n");
+    assert_eq!(
+        stderr,
+        "Error: host settings conflict with another service\n"
+    );
     assert_eq!(proxy.list_rows().len(), 1);
 
     proxy.deploy("second", &second.target(), &["--path-prefix=/second"]);

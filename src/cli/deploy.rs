@@ -3,7 +3,7 @@
 
 use clap::{ArgAction, Args};
 
-use super::values::{duration, go_bool, int64, non_empty};
+use super::values::{duration, go_bool, int64, non_empty, port};
 use crate::control::{DeployArgs, Request};
 use crate::service::options::*;
 
@@ -19,11 +19,12 @@ Example:\n  kamal-proxy deploy app-web --target=\"app-web-1234:3000\" --host=\"a
 )]
 pub struct DeployCmd {
     /// Name of the service
-    service: String,
+    #[arg(value_name = "SERVICE")]
+    service: Vec<String>,
 
-    /// Target host(s) to deploy (repeatable, or comma-separated)
-    #[arg(long, value_delimiter = ',', action = ArgAction::Append, required = true, value_name = "HOST:PORT")]
-    target: Vec<String>,
+    /// Target host(s) to deploy (repeatable, or comma-separated) [required]
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT")]
+    target: Option<Vec<String>>,
     /// Read-only target host(s) to deploy
     #[arg(long = "read-target", value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT")]
     read_target: Vec<String>,
@@ -82,7 +83,7 @@ pub struct DeployCmd {
     #[arg(long = "health-check-path", default_value = DEFAULT_HEALTH_CHECK_PATH)]
     health_check_path: String,
     /// Port to check for health (default matches target port)
-    #[arg(long = "health-check-port", default_value_t = 0)]
+    #[arg(long = "health-check-port", value_parser = port, default_value_t = 0)]
     health_check_port: u16,
     /// Host header to send with health check requests
     #[arg(long = "health-check-host", default_value = "")]
@@ -149,6 +150,11 @@ pub struct DeployCmd {
 
 impl DeployCmd {
     pub fn to_args(&self) -> Result<DeployArgs, String> {
+        // Cobra's order: the argument count, then required flags, then the rest.
+        let service = super::exactly_one(&self.service)?;
+        let Some(target) = &self.target else {
+            return Err("required flag(s) \"target\" not set".into());
+        };
         // Upstream checks presence, not value: Kamal sends `--buffer-requests="false"`
         // together with `--max-request-body`, which must pass.
         if self.max_request_body.is_some() && self.buffer_requests.is_none() {
@@ -214,13 +220,13 @@ impl DeployCmd {
             scope_cookie_paths: self.scope_cookie_paths.unwrap_or(false),
         };
         target_options.validate()?;
-        let targets = non_empty(self.target.clone());
+        let targets = non_empty(target.clone());
         let readers = non_empty(self.read_target.clone());
         for t in targets.iter().chain(readers.iter()) {
             validate_target(t)?;
         }
         Ok(DeployArgs {
-            service: self.service.clone(),
+            service,
             targets,
             readers,
             deployment: DeploymentOptions {

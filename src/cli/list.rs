@@ -6,6 +6,9 @@ use crate::control::{ListResponse, Request, Response};
 
 #[derive(Args, Debug)]
 pub struct ListCmd {
+    /// `list` takes no arguments; collected only to refuse them as upstream does.
+    #[arg(hide = true)]
+    args: Vec<String>,
     /// Print the services as JSON: {"services": {"<name>": {...}}}
     #[arg(long)]
     json: bool,
@@ -13,6 +16,11 @@ pub struct ListCmd {
 
 impl ListCmd {
     pub fn execute(&self) -> Result<(), String> {
+        if let Some(arg) = self.args.first() {
+            return Err(format!(
+                "unknown command \"{arg}\" for \"kamal-proxy list\""
+            ));
+        }
         let list = match super::call(Request::List)? {
             Response::List(l) => l,
             _ => return Err("unexpected reply from the server".into()),

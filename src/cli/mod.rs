@@ -32,16 +32,22 @@ pub struct Cli {
 pub enum Command {
     /// Run the server
     Run(run::RunArgs),
+    // The service is collected as a list so a wrong count gets cobra's message
+    // (`accepts 1 arg(s), received N`); the usage line still says exactly one.
     /// Deploy a target host
+    #[command(override_usage = "kamal-proxy deploy <SERVICE> --target=<HOST:PORT> [OPTIONS]")]
     Deploy(Box<deploy::DeployCmd>),
     /// Remove the service
-    #[command(visible_alias = "rm")]
+    #[command(visible_alias = "rm", override_usage = "kamal-proxy remove <SERVICE>")]
     Remove(service_cmds::ServiceArg),
     /// Pause a service
+    #[command(override_usage = "kamal-proxy pause <SERVICE> [OPTIONS]")]
     Pause(service_cmds::PauseCmd),
     /// Stop a service
+    #[command(override_usage = "kamal-proxy stop <SERVICE> [OPTIONS]")]
     Stop(service_cmds::StopCmd),
     /// Resume a service
+    #[command(override_usage = "kamal-proxy resume <SERVICE>")]
     Resume(service_cmds::ServiceArg),
     /// List the services currently running
     #[command(visible_alias = "ls")]
@@ -73,6 +79,14 @@ pub fn main() -> i32 {
             eprintln!("Error: {message}");
             1
         }
+    }
+}
+
+/// Cobra's `ExactArgs(1)`: service commands name exactly one service.
+pub fn exactly_one(args: &[String]) -> Result<String, String> {
+    match args {
+        [one] => Ok(one.clone()),
+        _ => Err(format!("accepts 1 arg(s), received {}", args.len())),
     }
 }
 
@@ -190,6 +204,13 @@ pub mod values {
     pub fn int64(s: &str) -> Result<i64, String> {
         s.parse::<i64>()
             .map_err(|_| format!("strconv.ParseInt: parsing \"{s}\": invalid syntax"))
+    }
+
+    /// A port, with `strconv.ParseInt`'s wording for what is not one.
+    pub fn port(s: &str) -> Result<u16, String> {
+        let n = int64(s)?;
+        u16::try_from(n)
+            .map_err(|_| format!("strconv.ParseInt: parsing \"{s}\": value out of range"))
     }
 
     /// pflag's string slices drop empty items, so `--host=""` means no hosts.

@@ -4,7 +4,7 @@ use clap::Args;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use super::values::go_bool;
+use super::values::{go_bool, port};
 use crate::config::{env_bool, env_int, env_value};
 use crate::control::server::ControlListener;
 use crate::lifecycle::ContainerLifecycle;
@@ -21,17 +21,20 @@ Each flag can also be set from the environment: KAMAL_PROXY_<NAME>, then <NAME>\
 Example:\n  kamal-proxy run --http-port=8080 --metrics-port=9090"
 )]
 pub struct RunArgs {
+    /// Upstream accepts and ignores positional arguments.
+    #[arg(hide = true)]
+    _ignored: Vec<String>,
     /// Include debugging logs [env: KAMAL_PROXY_DEBUG, DEBUG]
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, default_value_t = env_bool("DEBUG", false), value_name = "BOOL")]
     debug: bool,
     /// Port to serve HTTP traffic on [env: KAMAL_PROXY_HTTP_PORT, HTTP_PORT]
-    #[arg(long = "http-port", default_value_t = env_int("HTTP_PORT", 80))]
+    #[arg(long = "http-port", value_parser = port, default_value_t = env_int("HTTP_PORT", 80))]
     http_port: u16,
     /// Port to serve HTTPS traffic on [env: KAMAL_PROXY_HTTPS_PORT, HTTPS_PORT]
-    #[arg(long = "https-port", default_value_t = env_int("HTTPS_PORT", 443))]
+    #[arg(long = "https-port", value_parser = port, default_value_t = env_int("HTTPS_PORT", 443))]
     https_port: u16,
     /// Publish metrics on the specified port (default zero to disable) [env: KAMAL_PROXY_METRICS_PORT, METRICS_PORT]
-    #[arg(long = "metrics-port", default_value_t = env_int("METRICS_PORT", 0))]
+    #[arg(long = "metrics-port", value_parser = port, default_value_t = env_int("METRICS_PORT", 0))]
     metrics_port: u16,
     /// Enable HTTP/3
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, default_value_t = false, value_name = "BOOL")]

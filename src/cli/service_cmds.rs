@@ -8,13 +8,15 @@ use crate::control::Request;
 #[derive(Args, Debug)]
 pub struct ServiceArg {
     /// Name of the service
-    service: String,
+    #[arg(value_name = "SERVICE")]
+    service: Vec<String>,
 }
 
 #[derive(Args, Debug)]
 pub struct PauseCmd {
     /// Name of the service
-    service: String,
+    #[arg(value_name = "SERVICE")]
+    service: Vec<String>,
     /// How long to allow in-flight requests to complete
     #[arg(long = "drain-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
     drain_timeout: i64,
@@ -26,7 +28,8 @@ pub struct PauseCmd {
 #[derive(Args, Debug)]
 pub struct StopCmd {
     /// Name of the service
-    service: String,
+    #[arg(value_name = "SERVICE")]
+    service: Vec<String>,
     /// How long to allow in-flight requests to complete
     #[arg(long = "drain-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
     drain_timeout: i64,
@@ -44,19 +47,22 @@ fn non_negative(flag: &str, v: i64) -> Result<(), String> {
 }
 
 pub fn remove(a: ServiceArg) -> Result<(), String> {
-    super::call(Request::Remove { service: a.service }).map(|_| ())
+    let service = super::exactly_one(&a.service)?;
+    super::call(Request::Remove { service }).map(|_| ())
 }
 
 pub fn resume(a: ServiceArg) -> Result<(), String> {
-    super::call(Request::Resume { service: a.service }).map(|_| ())
+    let service = super::exactly_one(&a.service)?;
+    super::call(Request::Resume { service }).map(|_| ())
 }
 
 impl PauseCmd {
     pub fn execute(&self) -> Result<(), String> {
+        let service = super::exactly_one(&self.service)?;
         non_negative("drain-timeout", self.drain_timeout)?;
         non_negative("max-pause", self.max_pause)?;
         super::call(Request::Pause {
-            service: self.service.clone(),
+            service,
             drain_timeout: self.drain_timeout,
             pause_timeout: self.max_pause,
         })
@@ -66,9 +72,10 @@ impl PauseCmd {
 
 impl StopCmd {
     pub fn execute(&self) -> Result<(), String> {
+        let service = super::exactly_one(&self.service)?;
         non_negative("drain-timeout", self.drain_timeout)?;
         super::call(Request::Stop {
-            service: self.service.clone(),
+            service,
             drain_timeout: self.drain_timeout,
             message: self.message.clone(),
         })

@@ -2,9 +2,11 @@
 //! arrives and finished when its response body ends (or the client goes away), so the
 //! logged duration, byte count and in-flight metrics cover the whole exchange.
 
-use http::HeaderMap;
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderValue, Method};
 use std::fmt::Write;
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::{Arc, LazyLock};
 use tokio::time::Instant;
 
 use super::logfmt::json_escape_into;
@@ -16,27 +18,33 @@ use crate::service::sleep::InFlight;
 /// as upstream uses).
 pub const STATUS_CLIENT_CLOSED_REQUEST: u16 = 499;
 
+/// What the access line says about a request. Captured at arrival mostly as cheap clones
+/// of what hyper already parsed (header values and the URI share its read buffer), so the
+/// hot path allocates nothing here; text is rendered only when the line is written.
 pub struct AccessRecord {
     pub started: Instant,
-    pub host: String,
+    /// The raw Host header (or the URI authority), port included.
+    pub host: HeaderValue,
     pub port: u16,
-    pub path: String,
-    pub request_id: String,
+    /// Path and raw query as received; the path is logged decoded, as Go's `URL.Path`.
+    pub path_and_query: Option<PathAndQuery>,
+    pub request_id: HeaderValue,
     pub status: u16,
     pub service: Option<Arc<str>>,
     pub target: Option<String>,
+    /// The metrics label (`OTHER` for non-standard methods).
     pub method: &'static str,
-    pub method_raw: String,
+    pub method_raw: Method,
     pub req_content_length: i64,
-    pub req_content_type: String,
-    pub resp_content_type: String,
-    pub client_addr: String,
-    pub client_port: String,
-    pub remote_addr: String,
-    pub user_agent: String,
+    pub req_content_type: Option<HeaderValue>,
+    pub resp_content_type: Option<HeaderValue>,
+    pub client: SocketAddr,
+    /// `X-Forwarded-For` as received (or as `--client-ip-header` rewrote it); when absent
+    /// the client's IP is logged.
+    pub remote_addr: Option<HeaderValue>,
+    pub user_agent: Option<HeaderValue>,
     pub proto: &'static str,
     pub scheme: &'static str,
-    pub query: String,
     /// `--log-request-header` values, captured at arrival: (log key, value).
     pub req_headers: Vec<(String, String)>,
     /// `--log-response-header` names still to capture from the response.
@@ -57,6 +65,12 @@ pub fn log_key(prefix: &str, header: &str) -> String {
         }
     }));
     k
+}
+
+/// No `--log-response-header`: shared, so a request without them allocates nothing.
+pub fn no_logged_headers() -> Arc<Vec<String>> {
+    static EMPTY: LazyLock<Arc<Vec<String>>> = LazyLock::new(|| Arc::new(Vec::new()));
+    EMPTY.clone()
 }
 
 /// All values of a header joined with `,` (upstream's rendering), empty when absent.
@@ -107,9 +121,7 @@ impl Completion {
 
     pub fn set_response(&mut self, status: u16, headers: &HeaderMap) {
         self.record.status = status;
-        if let Some(ct) = headers.get(http::header::CONTENT_TYPE) {
-            self.record.resp_content_type = String::from_utf8_lossy(ct.as_bytes()).into_owned();
-        }
+        self.record.resp_content_type = headers.get(http::header::CONTENT_TYPE).cloned();
         if !self.record.resp_header_names.is_empty() {
             let names = self.record.resp_header_names.clone();
             self.record.resp_headers = names
@@ -166,14 +178,18 @@ fn format_fields(r: &AccessRecord, duration_ns: i64, bytes_sent: u64) -> String 
         s.push_str(k);
         s.push_str("\":");
     };
+    let (path, query) = match &r.path_and_query {
+        Some(pq) => (pq.path(), pq.query().unwrap_or("")),
+        None => ("", ""),
+    };
     key(&mut s, "host");
-    json_escape_into(&mut s, &r.host);
+    escape_value(&mut s, Some(&r.host));
     key(&mut s, "port");
     let _ = write!(s, "{}", r.port);
     key(&mut s, "path");
-    json_escape_into(&mut s, &r.path);
+    json_escape_into(&mut s, &decoded_path(path));
     key(&mut s, "request_id");
-    json_escape_into(&mut s, &r.request_id);
+    escape_value(&mut s, Some(&r.request_id));
     key(&mut s, "status");
     let _ = write!(s, "{}", r.status);
     key(&mut s, "service");
@@ -183,29 +199,34 @@ fn format_fields(r: &AccessRecord, duration_ns: i64, bytes_sent: u64) -> String 
     key(&mut s, "duration");
     let _ = write!(s, "{duration_ns}");
     key(&mut s, "method");
-    json_escape_into(&mut s, &r.method_raw);
+    json_escape_into(&mut s, r.method_raw.as_str());
     key(&mut s, "req_content_length");
     let _ = write!(s, "{}", r.req_content_length);
     key(&mut s, "req_content_type");
-    json_escape_into(&mut s, &r.req_content_type);
+    escape_value(&mut s, r.req_content_type.as_ref());
     key(&mut s, "resp_content_length");
     let _ = write!(s, "{bytes_sent}");
     key(&mut s, "resp_content_type");
-    json_escape_into(&mut s, &r.resp_content_type);
+    escape_value(&mut s, r.resp_content_type.as_ref());
     key(&mut s, "client_addr");
-    json_escape_into(&mut s, &r.client_addr);
+    let _ = write!(s, "\"{}\"", r.client.ip());
     key(&mut s, "client_port");
-    json_escape_into(&mut s, &r.client_port);
+    let _ = write!(s, "\"{}\"", r.client.port());
     key(&mut s, "remote_addr");
-    json_escape_into(&mut s, &r.remote_addr);
+    match &r.remote_addr {
+        Some(v) => escape_value(&mut s, Some(v)),
+        None => {
+            let _ = write!(s, "\"{}\"", r.client.ip());
+        }
+    }
     key(&mut s, "user_agent");
-    json_escape_into(&mut s, &r.user_agent);
+    escape_value(&mut s, r.user_agent.as_ref());
     key(&mut s, "proto");
     json_escape_into(&mut s, r.proto);
     key(&mut s, "scheme");
     json_escape_into(&mut s, r.scheme);
     key(&mut s, "query");
-    json_escape_into(&mut s, &r.query);
+    json_escape_into(&mut s, query);
     for (k, v) in r.req_headers.iter().chain(r.resp_headers.iter()) {
         key(&mut s, k);
         json_escape_into(&mut s, v);
@@ -213,9 +234,46 @@ fn format_fields(r: &AccessRecord, duration_ns: i64, bytes_sent: u64) -> String 
     s
 }
 
+/// A header value as a JSON string (empty when absent; invalid UTF-8 replaced).
+fn escape_value(out: &mut String, v: Option<&HeaderValue>) {
+    let bytes = v.map_or(&b""[..], HeaderValue::as_bytes);
+    json_escape_into(out, &String::from_utf8_lossy(bytes));
+}
+
+/// The path as upstream logs it (Go's `URL.Path`): percent-escapes decoded.
+pub fn decoded_path(raw: &str) -> std::borrow::Cow<'_, str> {
+    if !raw.contains('%') {
+        return std::borrow::Cow::Borrowed(raw);
+    }
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logged_paths_are_decoded() {
+        assert_eq!(decoded_path("/plain/path"), "/plain/path");
+        assert_eq!(decoded_path("/caf%C3%A9%20x"), "/café x");
+        assert_eq!(decoded_path("/a%2Fb"), "/a/b");
+        assert_eq!(decoded_path("/bad%zz%4"), "/bad%zz%4");
+    }
 
     #[test]
     fn log_keys() {

@@ -67,6 +67,7 @@ impl Forwarder {
         let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
         let (mut parts, incoming) = req.into_parts();
+        let head_request = parts.method == http::Method::HEAD;
         let body = if opts.buffer_requests && upgrade.is_none() {
             match buffer_request(incoming, opts).await {
                 Ok(b) => b,
@@ -158,6 +159,14 @@ impl Forwarder {
                     completion,
                 );
             }
+            Some(Ok(Err(e))) if client_body_failed(&e) => {
+                // The client's own body could not be read (malformed chunking): its fault.
+                tracing::info!(path = %uri.path(), error = %describe(&e), "Malformed request");
+                return finish(
+                    error_response(StatusCode::BAD_REQUEST, up.pages, None),
+                    completion,
+                );
+            }
             Some(Ok(Err(e))) => {
                 tracing::error!("target" = up.target.address(), path = %uri.path(), error = %describe(&e), "Error while proxying");
                 return finish(
@@ -172,39 +181,62 @@ impl Forwarder {
         *response.version_mut() = Version::HTTP_11;
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            return match client_upgrade {
+            // The app may only switch to the protocol the client asked for.
+            let switched_to = response.headers().get(header::UPGRADE);
+            let agreed = upgrade
+                .as_ref()
+                .zip(switched_to)
+                .is_some_and(|(asked, got)| asked.as_bytes().eq_ignore_ascii_case(got.as_bytes()));
+            return match client_upgrade.filter(|_| agreed) {
                 Some(client_upgrade) => splice_upgrade(response, client_upgrade, completion),
-                None => finish(
-                    error_response(StatusCode::BAD_GATEWAY, up.pages, None),
-                    completion,
-                ),
+                None => {
+                    tracing::error!("target" = up.target.address(), path = %uri.path(), error = "backend switched to a protocol that was not requested", "Error while proxying");
+                    finish(
+                        error_response(StatusCode::BAD_GATEWAY, up.pages, None),
+                        completion,
+                    )
+                }
             };
         }
         headers::remove_hop_by_hop(response.headers_mut());
 
         if opts.buffer_responses && !is_event_stream(response.headers()) {
-            let (parts, incoming) = response.into_parts();
+            let (mut parts, incoming) = response.into_parts();
             return match buffer_response(incoming, opts).await {
                 Ok(body) => {
-                    let mut parts = parts;
-                    parts.headers.remove(header::CONTENT_LENGTH);
-                    parts
-                        .headers
-                        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    // A HEAD, 204 or 304 answer has no body to measure: its length, if
+                    // any, stays the app's.
+                    let bodiless = head_request
+                        || matches!(
+                            parts.status,
+                            StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED
+                        );
+                    if !(bodiless && body.is_empty()) {
+                        parts
+                            .headers
+                            .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                    }
                     finish(
                         Response::from_parts(parts, ResponseBody::buffered(body)),
                         completion,
                     )
                 }
-                Err(BufferError::TooLarge) => {
+                Err(ResponseBufferError::Buffer(BufferError::TooLarge)) => {
                     tracing::info!(path = %uri.path(), "Response exceeded max response limit");
                     finish(
-                        error_response(StatusCode::INTERNAL_SERVER_ERROR, None, None),
+                        error_response(StatusCode::INTERNAL_SERVER_ERROR, up.pages, None),
                         completion,
                     )
                 }
-                Err(BufferError::Io(e)) => {
-                    tracing::error!(error = %e, "Error buffering response");
+                Err(ResponseBufferError::Buffer(BufferError::Io(e))) => {
+                    tracing::error!(path = %uri.path(), error = %e, "Error buffering response");
+                    finish(
+                        error_response(StatusCode::INTERNAL_SERVER_ERROR, up.pages, None),
+                        completion,
+                    )
+                }
+                Err(ResponseBufferError::Upstream(e)) => {
+                    tracing::error!("target" = up.target.address(), path = %uri.path(), error = %e, "Error while proxying");
                     finish(
                         error_response(StatusCode::BAD_GATEWAY, up.pages, None),
                         completion,
@@ -230,6 +262,22 @@ fn is_event_stream(h: &http::HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// Whether sending failed because reading the request body from the client failed (hyper
+/// reports errors of the body we hand it as "user" errors).
+fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
+    use std::error::Error;
+    let mut source = e.source();
+    while let Some(s) = source {
+        if s.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_user)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 fn describe(e: &hyper_util::client::legacy::Error) -> String {
@@ -269,18 +317,25 @@ async fn buffer_request(
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+enum ResponseBufferError {
+    /// The app's body could not be read: its fault (502).
+    Upstream(hyper::Error),
+    /// Over the limit, or the spill file failed: ours (500).
+    Buffer(BufferError),
+}
+
 async fn buffer_response(
     mut body: Incoming,
     opts: &TargetOptions,
-) -> Result<super::buffer::BufferedBody, BufferError> {
+) -> Result<super::buffer::BufferedBody, ResponseBufferError> {
     let mut buf = SpillBuffer::new(opts.max_memory_buffer_size, opts.max_response_body_size);
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| BufferError::Io(std::io::Error::other(e)))?;
+        let frame = frame.map_err(ResponseBufferError::Upstream)?;
         if let Ok(data) = frame.into_data() {
-            buf.write(data).await?;
+            buf.write(data).await.map_err(ResponseBufferError::Buffer)?;
         }
     }
-    buf.into_body().await
+    buf.into_body().await.map_err(ResponseBufferError::Buffer)
 }
 
 /// Relays a 101: the client gets the upstream's headers, then bytes flow both ways until

@@ -67,6 +67,25 @@ impl ServiceState {
         }
         self.options.normalize();
     }
+
+    /// What upstream refuses while decoding: a file naming an impossible target is
+    /// corrupt as a whole (all or nothing), so it is set aside rather than half-restored
+    /// and then overwritten without the service it lost.
+    fn check(&self) -> Result<(), String> {
+        if self.name.is_empty() {
+            return Err("service without a name".into());
+        }
+        let rollout = self
+            .rollout_targets
+            .iter()
+            .chain(self.rollout_readers.iter())
+            .flatten();
+        self.active_targets
+            .iter()
+            .chain(self.active_readers.iter())
+            .chain(rollout)
+            .try_for_each(|t| crate::service::options::validate_target(t))
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -123,6 +142,8 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<ServiceState>, LoadError> {
     };
     for s in &mut services {
         s.upgrade();
+        s.check()
+            .map_err(|e| LoadError::Corrupt(format!("service \"{}\": {e}", s.name)))?;
     }
     Ok(services)
 }
@@ -168,12 +189,23 @@ pub fn set_aside(path: &Path) -> std::io::Result<PathBuf> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let mut name = path
+    let base = path
         .file_name()
         .map(|n| n.to_os_string())
         .unwrap_or_default();
-    name.push(format!(".corrupt-{stamp}"));
-    let aside = path.with_file_name(name);
+    // Never replace an earlier set-aside file: a crash loop can produce several within
+    // the same second.
+    let aside = (0u32..)
+        .map(|n| {
+            let mut name = base.clone();
+            match n {
+                0 => name.push(format!(".corrupt-{stamp}")),
+                n => name.push(format!(".corrupt-{stamp}-{n}")),
+            }
+            path.with_file_name(name)
+        })
+        .find(|candidate| !candidate.exists())
+        .unwrap_or_else(|| path.with_file_name(&base));
     std::fs::rename(path, &aside)?;
     Ok(aside)
 }
@@ -196,7 +228,7 @@ mod tests {
     fn roundtrips_and_refuses_future_versions() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kamal-proxy.state");
-        let svc = parse(br#"[{"name":"a","active_targets":["x:1"]}]"#).unwrap();
+        let svc = parse(br#"[{"name":"a","active_targets":["web:1"]}]"#).unwrap();
         save(&path, &svc).unwrap();
         let back = load(&path).unwrap().unwrap();
         assert_eq!(back, svc);
@@ -211,5 +243,29 @@ mod tests {
         ));
         assert!(matches!(parse(b"{not json"), Err(LoadError::Corrupt(_))));
         assert!(load(&dir.path().join("missing")).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_impossible_target_makes_the_whole_file_corrupt() {
+        let json = br#"[{"name":"ok","active_targets":["web:80"]},{"name":"bad","active_target":"foo/bar"}]"#;
+        match parse(json) {
+            Err(LoadError::Corrupt(e)) => {
+                assert_eq!(e, "service \"bad\": foo/bar :invalid host pattern")
+            }
+            other => panic!("expected corrupt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn set_aside_never_replaces_an_earlier_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kamal-proxy.state");
+        std::fs::write(&path, "one").unwrap();
+        let first = set_aside(&path).unwrap();
+        std::fs::write(&path, "two").unwrap();
+        let second = set_aside(&path).unwrap();
+        assert_ne!(first, second);
+        assert_eq!(std::fs::read_to_string(first).unwrap(), "one");
+        assert_eq!(std::fs::read_to_string(second).unwrap(), "two");
     }
 }

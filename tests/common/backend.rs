@@ -6,6 +6,8 @@
 //!   body_len and an FNV-1a hash of the body, so tests can check bodies byte for byte
 //! - `/slow?ms=N` — answers after N ms
 //! - `/sse?n=N&interval_ms=M` — N server-sent events, M ms apart
+//! - `/drip?n=N&interval_ms=M` — the same stream as `text/plain` (chunked, no length)
+//! - `/redirect/<path>` — 302 to `/<path>`
 //! - `/status/<code>` — that status with body `status <code>`
 //! - `/bytes/<n>` — n bytes of `x` with a Content-Length
 //! - `/ws` — WebSocket echo
@@ -44,6 +46,8 @@ struct State {
     connections: AtomicUsize,
     /// `/slow` requests whose connection went away before the answer was ready.
     slow_cancelled: AtomicUsize,
+    /// Set by `kill`: every open connection closes.
+    killed: tokio::sync::watch::Sender<bool>,
 }
 
 impl Backend {
@@ -63,6 +67,7 @@ impl Backend {
             health_hits: AtomicUsize::new(0),
             connections: AtomicUsize::new(0),
             slow_cancelled: AtomicUsize::new(0),
+            killed: tokio::sync::watch::Sender::new(false),
         });
         let s = state.clone();
         let task = tokio::spawn(async move {
@@ -73,14 +78,18 @@ impl Backend {
                 s.connections.fetch_add(1, Ordering::SeqCst);
                 let s = s.clone();
                 tokio::spawn(async move {
+                    let mut killed = s.killed.subscribe();
                     let svc = service_fn(move |req| {
                         let s = s.clone();
                         async move { Ok::<_, Infallible>(route(s, req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
+                    let conn = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
-                        .with_upgrades()
-                        .await;
+                        .with_upgrades();
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = killed.wait_for(|k| *k) => {}
+                    }
                 });
             }
         });
@@ -123,6 +132,12 @@ impl Backend {
     /// Stops accepting new connections (existing ones keep going).
     pub fn shutdown(&self) {
         self.task.abort();
+    }
+
+    /// Like a crashed app: stops accepting and closes every open HTTP connection.
+    pub fn kill(&self) {
+        self.task.abort();
+        self.state.killed.send_replace(true);
     }
 }
 
@@ -183,7 +198,7 @@ async fn route(s: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         guard.disarm();
         return full(StatusCode::OK, format!("slow {ms}"));
     }
-    if path == "/sse" {
+    if path == "/sse" || path == "/drip" {
         let n = query_param(&req, "n").unwrap_or(3);
         let interval = query_param(&req, "interval_ms").unwrap_or(500);
         let stream = futures_util::stream::unfold(0u64, move |i| async move {
@@ -197,8 +212,20 @@ async fn route(s: Arc<State>, req: Request<Incoming>) -> Response<Body> {
             Some((Ok::<_, std::io::Error>(frame), i + 1))
         });
         let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+        let content_type = if path == "/sse" {
+            "text/event-stream"
+        } else {
+            "text/plain"
+        };
         r.headers_mut()
-            .insert("content-type", "text/event-stream".parse().unwrap());
+            .insert("content-type", content_type.parse().unwrap());
+        return r;
+    }
+    if let Some(rest) = path.strip_prefix("/redirect/") {
+        let mut r = full(StatusCode::FOUND, Bytes::new());
+        if let Ok(location) = format!("/{rest}").parse() {
+            r.headers_mut().insert("location", location);
+        }
         return r;
     }
     if let Some(code) = path.strip_prefix("/status/") {

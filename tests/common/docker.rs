@@ -361,8 +361,12 @@ pub fn test_backend_binary() -> std::path::PathBuf {
             // target/<profile>/deps/<test> → target/<profile>/examples/test_backend
             let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
             let binary = profile_dir.join("examples").join("test_backend");
+            let mut args = vec!["build", "--example", "test_backend"];
+            if profile_dir.ends_with("release") {
+                args.push("--release");
+            }
             let status = Command::new(env!("CARGO"))
-                .args(["build", "--example", "test_backend"])
+                .args(&args)
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
                 .status()
                 .expect("run cargo build --example test_backend");

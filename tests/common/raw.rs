@@ -44,7 +44,9 @@ impl RawResponse {
 
 /// Connects to the proxy's HTTP port on loopback.
 pub async fn connect(port: u16) -> TcpStream {
-    TcpStream::connect(("127.0.0.1", port)).await.expect("connect to proxy")
+    TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to proxy")
 }
 
 /// Sends `request` verbatim on a fresh connection and reads one response.
@@ -58,10 +60,19 @@ pub async fn send(port: u16, request: &[u8]) -> RawResponse {
 }
 
 /// Reads one response (head and body) from `reader`.
-pub async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R, head_request: bool) -> RawResponse {
+pub async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    head_request: bool,
+) -> RawResponse {
     let mut status_line = String::new();
-    reader.read_line(&mut status_line).await.expect("read status line");
-    assert!(!status_line.is_empty(), "connection closed before a response");
+    reader
+        .read_line(&mut status_line)
+        .await
+        .expect("read status line");
+    assert!(
+        !status_line.is_empty(),
+        "connection closed before a response"
+    );
     let status_line = status_line.trim_end().to_string();
     let status: u16 = status_line
         .split_whitespace()
@@ -76,10 +87,17 @@ pub async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R, h
         if line.is_empty() {
             break;
         }
-        let (k, v) = line.split_once(':').unwrap_or_else(|| panic!("bad header line {line:?}"));
+        let (k, v) = line
+            .split_once(':')
+            .unwrap_or_else(|| panic!("bad header line {line:?}"));
         headers.push((k.to_string(), v.trim().to_string()));
     }
-    let mut response = RawResponse { status_line, status, headers, body: Vec::new() };
+    let mut response = RawResponse {
+        status_line,
+        status,
+        headers,
+        body: Vec::new(),
+    };
     if head_request || status < 200 || status == 204 || status == 304 {
         return response;
     }
@@ -111,9 +129,15 @@ pub async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R, h
     } else if let Some(len) = response.header("content-length") {
         let len: usize = len.parse().expect("content-length");
         response.body = vec![0; len];
-        reader.read_exact(&mut response.body).await.expect("read body");
+        reader
+            .read_exact(&mut response.body)
+            .await
+            .expect("read body");
     } else {
-        reader.read_to_end(&mut response.body).await.expect("read body to EOF");
+        reader
+            .read_to_end(&mut response.body)
+            .await
+            .expect("read body to EOF");
     }
     response
 }
@@ -122,4 +146,44 @@ pub async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R, h
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
+}
+
+/// A scripted app on a raw socket: `/up` answers 200, anything else gets `answer` verbatim
+/// and the connection is closed right after.
+pub async fn scripted_backend(
+    answer: &'static [u8],
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                loop {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match stream.read(&mut byte).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => head.push(byte[0]),
+                        }
+                    }
+                    if head.starts_with(b"GET /up ") {
+                        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                        if stream.write_all(ok).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let _ = stream.write_all(answer).await;
+                    // Give the bytes time to leave before the close.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    return;
+                }
+            });
+        }
+    });
+    (addr, task)
 }

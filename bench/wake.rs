@@ -1,0 +1,181 @@
+//! Scale-to-zero benchmark (run with `bash bench/wake.sh`).
+//!
+//! Wake overhead = time to the first response for a sleeping service, minus the
+//! container's own start-to-ready time (Engine API start → the app answering directly),
+//! medians over `WAKE_CYCLES` cycles (default 10), for an app that listens at once and one
+//! that boots in 0.3 s, with 1, 10 and 100 concurrent first requests.
+//!
+//! Tracking cost = requests/s through a service with sleep enabled (never idle long
+//! enough to sleep) ÷ the same without, same proxy, same backend, runs interleaved.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::docker::{self, TestContainer};
+use common::{Proxy, client};
+use kamal_proxy::lifecycle::ContainerLifecycle;
+use std::time::{Duration, Instant};
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Engine API start → first 2xx from the app itself, polled every 0.5 ms.
+async fn direct_start_to_ready(docker: &dyn ContainerLifecycle, c: &TestContainer, cycles: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    for _ in 0..cycles {
+        docker.stop(&c.name, Duration::from_secs(10)).await.expect("stop");
+        // Like a sleeping service: the container has been stopped for a while.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let t0 = Instant::now();
+        docker.start(&c.name).await.expect("start");
+        loop {
+            if let Ok((200, _)) = docker::http_get(c.port, "/up") {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "app never answered");
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        out.push(ms(t0.elapsed()));
+    }
+    out
+}
+
+fn state_of(p: &Proxy) -> String {
+    let out = p.ok(&["list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("list --json");
+    v["services"]["app"]["state"].as_str().unwrap_or("").to_string()
+}
+
+fn wait_asleep(p: &Proxy, c: &TestContainer) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state_of(p) != "sleeping" || docker::is_running(&c.name) {
+        assert!(Instant::now() < deadline, "service did not fall asleep");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// For each cycle: wait until asleep, fire `n` requests at once, record the first
+/// response time and every response time.
+async fn proxied_wakes(p: &Proxy, c: &TestContainer, n: usize, cycles: usize) -> (Vec<f64>, Vec<f64>) {
+    let http = client();
+    let (mut first, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..cycles {
+        wait_asleep(p, c);
+        let t0 = Instant::now();
+        let requests = (0..n).map(|i| {
+            let http = http.clone();
+            let url = p.url(&format!("/wake?{i}"));
+            tokio::spawn(async move {
+                let r = http.get(url).send().await.expect("request");
+                assert_eq!(r.status(), 200);
+                let _ = r.bytes().await;
+                t0.elapsed()
+            })
+        });
+        let mut times: Vec<f64> = futures_util::future::join_all(requests)
+            .await
+            .into_iter()
+            .map(|r| ms(r.expect("task")))
+            .collect();
+        times.sort_by(|a, b| a.total_cmp(b));
+        first.push(times[0]);
+        all.extend(times);
+    }
+    (first, all)
+}
+
+fn wrk_rps(port: u16, host: &str, seconds: u32) -> Option<f64> {
+    let out = std::process::Command::new("wrk")
+        .args(["-t1", "-c32", &format!("-d{seconds}s"), "-H", &format!("Host: {host}")])
+        .arg(format!("http://127.0.0.1:{port}/"))
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.starts_with("Requests/sec:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    if !docker::require_docker() {
+        eprintln!("wake benchmark needs a Docker Engine");
+        std::process::exit(1);
+    }
+    let cycles: usize = std::env::var("WAKE_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let engine = kamal_proxy::lifecycle::docker::connect(&docker::docker_socket_path()).expect("docker");
+    let socket = format!("--docker-socket={}", docker::docker_socket_path().display());
+    let mut results = Vec::new();
+
+    println!("wake overhead, {cycles} cycles each (ms; medians)");
+    println!("{:<10} {:>5} {:>12} {:>14} {:>14} {:>12}", "app", "conc", "direct", "first resp", "all resp", "overhead");
+    for (label, boot) in [("instant", Duration::ZERO), ("boot-0.3s", Duration::from_millis(300))] {
+        let c = docker::run_app_container("wake-bench", boot);
+        docker::wait_until_ready(&c).expect("app ready");
+        let mut direct = direct_start_to_ready(&engine, &c, cycles).await;
+        let direct_median = median(&mut direct);
+
+        let p = Proxy::start_with(&[&socket], &[]);
+        let target = format!("127.0.0.1:{}", c.port);
+        let container = format!("--sleep-container={}", c.name);
+        p.deploy("app", &target, &["--sleep-after=1s", &container]);
+        for n in [1usize, 10, 100] {
+            let (mut first, mut all) = proxied_wakes(&p, &c, n, cycles).await;
+            let (first_median, all_median) = (median(&mut first), median(&mut all));
+            let overhead = first_median - direct_median;
+            println!(
+                "{label:<10} {n:>5} {direct_median:>12.1} {first_median:>14.1} {all_median:>14.1} {overhead:>12.1}"
+            );
+            results.push(serde_json::json!({
+                "app": label, "concurrency": n, "direct_ms": direct_median,
+                "first_response_ms": first_median, "all_responses_ms": all_median,
+                "overhead_ms": overhead,
+            }));
+        }
+    }
+
+    // Hot-path cost of idle tracking: one proxy, two services on the same backend.
+    let tracking = if std::process::Command::new("wrk").arg("--version").output().is_ok() {
+        let c = docker::run_app_container("wake-bench-track", Duration::ZERO);
+        docker::wait_until_ready(&c).expect("app ready");
+        let p = Proxy::start_with(&[&socket], &[]);
+        let target = format!("127.0.0.1:{}", c.port);
+        let container = format!("--sleep-container={}", c.name);
+        p.deploy("plain", &target, &["--host=plain.test"]);
+        p.deploy("tracked", &target, &["--host=tracked.test", "--sleep-after=1h", &container]);
+        let secs: u32 = std::env::var("TRACKING_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+        let (mut plain, mut tracked) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            plain.extend(wrk_rps(p.http_port, "plain.test", secs));
+            tracked.extend(wrk_rps(p.http_port, "tracked.test", secs));
+        }
+        let (pm, tm) = (median(&mut plain), median(&mut tracked));
+        println!("\nidle tracking: sleep disabled {pm:.0} req/s, enabled {tm:.0} req/s, enabled/disabled = {:.3}", tm / pm);
+        serde_json::json!({"disabled_rps": pm, "enabled_rps": tm, "ratio": tm / pm})
+    } else {
+        println!("\nidle tracking: skipped (wrk not installed)");
+        serde_json::Value::Null
+    };
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/results");
+    let _ = std::fs::create_dir_all(&dir);
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let path = dir.join(format!("wake-{stamp}.json"));
+    let json = serde_json::json!({"cycles": cycles, "wake": results, "tracking": tracking});
+    let _ = std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap_or_default());
+    println!("\nresults: {}", path.display());
+}

@@ -1,0 +1,541 @@
+//! The state file and process lifecycle: restore on restart, upstream's file format,
+//! corrupt files set aside, crash safety under `kill -9`, and graceful SIGTERM.
+
+mod common;
+use common::{Proxy, backend::Backend, client, send};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+fn read_state(proxy: &Proxy) -> Value {
+    let text = std::fs::read_to_string(proxy.state_file()).expect("state file");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("state file is not JSON ({e}): {text}"))
+}
+
+/// Files next to the state file whose name starts with `kamal-proxy.state.corrupt-`.
+fn corrupt_files(proxy: &Proxy) -> Vec<PathBuf> {
+    let dir = proxy.state_file().parent().unwrap().to_path_buf();
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("kamal-proxy.state.corrupt-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+/// Writes a state file before the proxy ever starts.
+fn write_state_file(home: &Path, contents: &str) {
+    let dir = home.join(".config/kamal-proxy");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kamal-proxy.state"), contents).unwrap();
+}
+
+/// A proxy whose home already holds `contents` as its state file.
+fn start_with_state(contents: &str) -> Proxy {
+    let proxy = Proxy::start();
+    let home = proxy.home();
+    let mut proxy = proxy;
+    blocking(|| proxy.terminate());
+    let _ = std::fs::remove_file(proxy.state_file());
+    write_state_file(&home, contents);
+    blocking(|| proxy.respawn());
+    proxy
+}
+
+fn log_lines_since(proxy: &Proxy, from: usize) -> Vec<String> {
+    proxy.logs().into_iter().skip(from).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_restores_every_service() {
+    let web = Backend::start("web").await;
+    let api = Backend::start("api").await;
+    let fallback = Backend::start("fallback").await;
+    let mut proxy = Proxy::start();
+    proxy.deploy(
+        "web",
+        &web.target(),
+        &[
+            "--host=web.test,www.web.test",
+            "--target-timeout=7s",
+            "--buffer-requests",
+            "--buffer-responses",
+            "--max-request-body=1000000",
+            "--log-request-header=X-Custom",
+            "--health-check-path=/status/200",
+            "--health-check-interval=100ms",
+            "--forward-headers=false",
+        ],
+    );
+    proxy.deploy(
+        "api",
+        &api.target(),
+        &[
+            "--host=web.test",
+            "--path-prefix=/api,/admin",
+            "--strip-path-prefix=false",
+        ],
+    );
+    proxy.deploy("fallback", &fallback.target(), &["--path-prefix=/"]);
+    proxy.ok(&["stop", "fallback", "--drain-timeout=1s", "--message=Later"]);
+    proxy.ok(&["resume", "fallback"]);
+    let list_before = proxy.ok(&["list"]);
+    let json_before = proxy.list_json();
+    let state_before = read_state(&proxy);
+
+    blocking(|| proxy.restart());
+    assert_eq!(proxy.ok(&["list"]), list_before);
+    assert_eq!(proxy.list_json(), json_before);
+    assert!(
+        proxy
+            .logs()
+            .iter()
+            .any(|l| l.contains("Restored saved state"))
+    );
+
+    let r = proxy.get("www.web.test", "/").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "web"));
+    let r = proxy.get("web.test", "/admin/users?page=2").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "api"));
+    assert_eq!(
+        r.header("x-uri"),
+        "/admin/users?page=2",
+        "strip-path-prefix=false survived"
+    );
+    assert_eq!(proxy.get("other.test", "/").await.body, "fallback");
+
+    // Every option survives the round trip: a save after the restart writes the same
+    // services as before it.
+    proxy.ok(&["resume", "web"]);
+    let by_name = |state: &Value| -> std::collections::BTreeMap<String, Value> {
+        state["services"]
+            .as_array()
+            .expect("services")
+            .iter()
+            .map(|s| (s["name"].as_str().unwrap().to_string(), s.clone()))
+            .collect()
+    };
+    assert_eq!(by_name(&read_state(&proxy)), by_name(&state_before));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn state_file_is_versioned_json_with_upstreams_keys() {
+    let app = Backend::start("app").await;
+    let proxy = Proxy::start();
+    assert!(
+        !proxy.state_file().exists(),
+        "nothing is written before the first command"
+    );
+    proxy.deploy(
+        "app",
+        &app.target(),
+        &[
+            "--host=app.test",
+            "--path-prefix=api/",
+            "--target-timeout=7s",
+            "--health-check-interval=100ms",
+            "--health-check-timeout=2s",
+            "--buffer-requests",
+            "--log-request-header=Cache-Control",
+        ],
+    );
+    proxy.ok(&["stop", "app", "--drain-timeout=1s", "--message=<Back> soon"]);
+
+    let text = std::fs::read_to_string(proxy.state_file()).unwrap();
+    assert!(text.ends_with('\n'), "one JSON document and a newline");
+    let state: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(state["version"], 2, "{state}");
+    let services = state["services"].as_array().expect("services array");
+    assert_eq!(services.len(), 1);
+    let s = &services[0];
+    assert_eq!(s["name"], "app");
+    assert_eq!(s["active_targets"], json!([app.target()]));
+    assert_eq!(s["active_readers"], json!([]));
+    let o = &s["options"];
+    assert_eq!(o["hosts"], json!(["app.test"]));
+    assert_eq!(o["path_prefixes"], json!(["/api"]), "normalised");
+    assert_eq!(o["tls_enabled"], false);
+    assert_eq!(o["tls_redirect"], true);
+    assert_eq!(o["strip_prefix"], true);
+    assert_eq!(
+        o["writer_affinity_timeout"], 1_000_000_000i64,
+        "durations in nanoseconds"
+    );
+    for key in [
+        "tls_certificate_path",
+        "tls_private_key_path",
+        "tls_on_demand_url",
+        "canonical_host",
+        "acme_directory",
+        "acme_cache_path",
+        "error_page_path",
+        "read_targets_accept_websockets",
+        "exclude_metrics_paths",
+        "client_ip_header",
+    ] {
+        assert!(o.get(key).is_some(), "options.{key} missing: {o}");
+    }
+    let t = &s["target_options"];
+    assert_eq!(
+        t["health_check_config"],
+        json!({"path": "/up", "port": 0, "interval": 100_000_000i64, "timeout": 2_000_000_000i64, "host": ""})
+    );
+    assert_eq!(t["response_timeout"], 7_000_000_000i64);
+    assert_eq!(t["buffer_requests"], true);
+    assert_eq!(t["buffer_responses"], false);
+    assert_eq!(t["max_memory_buffer_size"], 1_048_576);
+    assert_eq!(t["max_request_body_size"], 0);
+    assert_eq!(t["forward_headers"], true);
+    assert_eq!(t["log_request_headers"], json!(["Cache-Control"]));
+    for key in [
+        "max_response_body_size",
+        "log_response_headers",
+        "scope_cookie_paths",
+    ] {
+        assert!(t.get(key).is_some(), "target_options.{key} missing: {t}");
+    }
+    assert_eq!(
+        s["pause_controller"],
+        json!({"state": 2, "stop_message": "<Back> soon", "fail_after": 30_000_000_000i64})
+    );
+    for key in ["rollout_targets", "rollout_readers", "rollout_controller"] {
+        assert!(s.get(key).is_some(), "{key} missing: {s}");
+    }
+    // Legacy keys are read, never written.
+    for key in ["active_target", "rollout_target", "hosts", "path_prefixes"] {
+        assert!(s.get(key).is_none(), "legacy key {key} written: {s}");
+    }
+}
+
+/// A state file as Go kamal-proxy writes it: a bare array, Go's HTML escaping, `null`
+/// slices, plus an older service using the legacy keys.
+fn upstream_state(web: &str, legacy: &str, maint: &str) -> String {
+    let options = |hosts: Value, prefixes: Value, strip: bool| {
+        json!({
+            "hosts": hosts, "path_prefixes": prefixes, "tls_enabled": false,
+            "tls_certificate_path": "", "tls_private_key_path": "", "tls_on_demand_url": "",
+            "tls_redirect": true, "canonical_host": "", "acme_directory": "",
+            "acme_cache_path": "/home/kamal-proxy/.config/kamal-proxy/certs",
+            "error_page_path": "", "strip_prefix": strip, "writer_affinity_timeout": 1_000_000_000i64,
+            "read_targets_accept_websockets": false, "exclude_metrics_paths": null,
+            "client_ip_header": ""
+        })
+    };
+    let target_options = json!({
+        "health_check_config": {"path": "/up", "port": 0, "interval": 1_000_000_000i64,
+                                "timeout": 5_000_000_000i64, "host": ""},
+        "response_timeout": 30_000_000_000i64, "buffer_requests": false, "buffer_responses": false,
+        "max_memory_buffer_size": 1_048_576, "max_request_body_size": 0,
+        "max_response_body_size": 0, "log_request_headers": ["Cache-Control", "Last-Modified", "User-Agent"],
+        "log_response_headers": null, "forward_headers": true, "scope_cookie_paths": false
+    });
+    let services = json!([
+        {
+            "name": "web",
+            "options": options(json!(["web.test"]), json!(["/"]), true),
+            "target_options": target_options,
+            "active_targets": [web], "active_readers": [],
+            "rollout_targets": null, "rollout_readers": null,
+            "pause_controller": {"state": 0, "stop_message": "", "fail_after": 30_000_000_000i64},
+            "rollout_controller": null
+        },
+        {
+            "name": "legacy",
+            "hosts": ["legacy.test"],
+            "path_prefixes": ["/old/"],
+            "active_target": legacy,
+            "options": {"tls_redirect": true, "strip_prefix": true},
+            "target_options": {"health_check_config": {"path": "/up", "interval": 1_000_000_000i64,
+                               "timeout": 5_000_000_000i64}, "response_timeout": 30_000_000_000i64},
+            "pause_controller": {"state": 0, "stop_message": "", "fail_after": 0}
+        },
+        {
+            "name": "maint",
+            "options": options(json!([""]), json!(["/"]), true),
+            "target_options": target_options,
+            "active_targets": [maint], "active_readers": [],
+            "rollout_targets": null, "rollout_readers": null,
+            "pause_controller": {"state": 2, "stop_message": "Back <soon>", "fail_after": 30_000_000_000i64},
+            "rollout_controller": null
+        }
+    ]);
+    // Go's encoder escapes <, > and & in strings.
+    services
+        .to_string()
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        + "\n"
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_state_file_loads() {
+    let web = Backend::start("web").await;
+    let legacy = Backend::start("legacy").await;
+    let maint = Backend::start("maint").await;
+    let contents = upstream_state(&web.target(), &legacy.target(), &maint.target());
+    assert!(contents.contains("\\u003csoon\\u003e"));
+    let mut proxy = start_with_state(&contents);
+    assert!(
+        !proxy
+            .logs()
+            .iter()
+            .any(|l| l.contains("Failed to decode saved state")),
+        "{:#?}",
+        proxy.logs()
+    );
+
+    let rows = proxy.list_rows();
+    let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(names, ["legacy", "maint", "web"], "{rows:?}");
+    assert_eq!(rows[0][1], "legacy.test");
+    assert_eq!(rows[0][2], "/old");
+    assert_eq!(rows[0][3], legacy.target());
+    assert_eq!(rows[1][4], "stopped");
+
+    // Restored targets serve at once, without a deploy.
+    let r = proxy.get("web.test", "/").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "web"));
+    let r = proxy.get("legacy.test", "/old/page").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "legacy"));
+    assert_eq!(r.header("x-uri"), "/page");
+    let r = proxy.get("other.test", "/").await;
+    assert_eq!(r.status, 503);
+    assert!(r.body.contains("Back &lt;soon&gt;"), "{}", r.body);
+
+    // The next command rewrites it in the current format, which loads again.
+    proxy.ok(&["resume", "maint"]);
+    assert_eq!(read_state(&proxy)["version"], 2);
+    let list = proxy.ok(&["list"]);
+    blocking(|| proxy.restart());
+    assert_eq!(proxy.ok(&["list"]), list);
+    assert_eq!(proxy.get("other.test", "/").await.body, "maint");
+    assert_eq!(proxy.get("legacy.test", "/old").await.body, "legacy");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn corrupt_state_file_is_set_aside() {
+    let app = Backend::start("app").await;
+    let garbage = "{\"version\":2,\"services\":[{\"name\":\"app\",\"options\":{\"hosts\":[\"a";
+    let mut proxy = start_with_state(garbage);
+
+    assert!(proxy.wait_for_log(
+        |l| l.contains("Failed to decode saved state"),
+        Duration::from_secs(5)
+    ));
+    let aside = corrupt_files(&proxy);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(
+        std::fs::read_to_string(&aside[0]).unwrap(),
+        garbage,
+        "content preserved"
+    );
+    assert!(
+        !proxy.state_file().exists(),
+        "the corrupt file is moved, not left to be overwritten"
+    );
+    assert!(proxy.list_rows().is_empty());
+    let r = proxy.get("", "/").await;
+    assert_eq!(r.status, 404);
+
+    // The proxy works normally from there, and the set-aside file is kept.
+    proxy.deploy("app", &app.target(), &[]);
+    blocking(|| proxy.restart());
+    assert_eq!(proxy.get("", "/").await.body, "app");
+    assert_eq!(corrupt_files(&proxy), aside);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_corrupt_file_does_not_replace_the_first() {
+    let mut proxy = start_with_state("first garbage");
+    assert_eq!(corrupt_files(&proxy).len(), 1);
+    blocking(|| proxy.terminate());
+    write_state_file(&proxy.home(), "second garbage");
+    blocking(|| proxy.respawn());
+
+    let aside = corrupt_files(&proxy);
+    let mut contents: Vec<String> = aside
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    contents.sort();
+    assert_eq!(contents, ["first garbage", "second garbage"], "{aside:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn state_file_with_an_invalid_target_is_set_aside_whole() {
+    let app = Backend::start("app").await;
+    let contents = json!([
+        {"name": "good", "options": {"hosts": ["good.test"]}, "active_targets": [app.target()]},
+        {"name": "bad", "options": {"hosts": ["bad.test"]}, "active_targets": ["foo/bar"]}
+    ])
+    .to_string();
+    let mut proxy = start_with_state(&contents);
+
+    // Upstream decodes all or nothing; the file is kept for the operator either way.
+    assert!(proxy.wait_for_log(
+        |l| l.contains("Failed to decode saved state"),
+        Duration::from_secs(5)
+    ));
+    let aside = corrupt_files(&proxy);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), contents);
+    assert!(proxy.list_rows().is_empty());
+
+    proxy.deploy("good", &app.target(), &["--host=good.test"]);
+    blocking(|| proxy.restart());
+    assert_eq!(proxy.get("good.test", "/").await.body, "app");
+}
+
+/// A small xorshift generator seeded from the clock: kill moments differ per run.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        Rng(seed | 1)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_deploys_leaves_a_state_file_that_loads() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let targets = [a.target(), b.target()];
+    let mut proxy = Proxy::start();
+    let mut rng = Rng::new();
+
+    for round in 0..10 {
+        let stop = AtomicBool::new(false);
+        let delay = Duration::from_millis(30 + rng.below(300));
+        let pid = proxy.pid().expect("running");
+        blocking(|| {
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    let mut i = 0usize;
+                    while !stop.load(Ordering::SeqCst) {
+                        let service = format!("svc{}", i % 3);
+                        let host = format!("--host={service}.test");
+                        let target = format!("--target={}", targets[i % 2]);
+                        let prefix = format!("--path-prefix=/p{}", i % 4);
+                        let args = [
+                            "deploy",
+                            service.as_str(),
+                            target.as_str(),
+                            host.as_str(),
+                            prefix.as_str(),
+                            "--deploy-timeout=2s",
+                            "--drain-timeout=1s",
+                            "--log-request-header=X-Round",
+                        ];
+                        if !proxy.cli(&args).status.success() {
+                            break; // the server died under us
+                        }
+                        if i % 5 == 4 {
+                            let _ = proxy.cli(&["remove", "svc1"]);
+                        }
+                        i += 1;
+                    }
+                });
+                std::thread::sleep(delay);
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status();
+                stop.store(true, Ordering::SeqCst);
+            });
+            proxy.kill9();
+        });
+
+        let from = proxy.logs().len();
+        blocking(|| proxy.respawn());
+        let lines = log_lines_since(&proxy, from);
+        assert!(
+            !lines
+                .iter()
+                .any(|l| l.contains("Failed to decode") || l.contains("Failed to restore")),
+            "round {round} (killed after {delay:?}): {lines:#?}"
+        );
+        assert!(corrupt_files(&proxy).is_empty(), "round {round}");
+
+        // Whatever was saved serves.
+        for row in proxy.list_rows() {
+            let (host, prefix) = (row[1].clone(), row[2].clone());
+            let r = proxy.get(&host, &prefix).await;
+            assert_eq!(r.status, 200, "round {round}: {row:?}: {r:?}");
+            assert!(
+                r.body == "a" || r.body == "b",
+                "round {round}: {row:?}: {r:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fresh_start_has_no_previous_state() {
+    let proxy = Proxy::start();
+    assert!(proxy.wait_for_log(
+        |l| l.contains("No previous state to restore"),
+        Duration::from_secs(5)
+    ));
+    assert!(!proxy.logs().iter().any(|l| l.contains("Failed to decode")));
+    assert!(proxy.list_rows().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_exits_zero_and_logs_server_stopped() {
+    let mut proxy = Proxy::start();
+    let socket = proxy.socket();
+    assert!(socket.exists());
+    let code = blocking(|| proxy.terminate());
+    assert_eq!(code, Some(0));
+    assert!(proxy.wait_for_log(
+        |l| l.contains("\"msg\":\"Server stopped\""),
+        Duration::from_secs(5)
+    ));
+    assert!(!socket.exists(), "the control socket is removed on exit");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_flight_request_finishes_during_sigterm_shutdown() {
+    let app = Backend::start("app").await;
+    let mut proxy = Proxy::start();
+    proxy.deploy("app", &app.target(), &[]);
+    let url = proxy.url("/slow?ms=1000");
+    let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
+    assert!(common::eventually(Duration::from_secs(5), || async { app.hits() == 1 }).await);
+
+    let code = blocking(|| proxy.terminate());
+    assert_eq!(code, Some(0));
+    let r = slow
+        .await
+        .unwrap()
+        .expect("the in-flight request is answered");
+    assert_eq!((r.status, r.body.as_str()), (200, "slow 1000"));
+    assert!(proxy.wait_for_log(
+        |l| l.contains("\"msg\":\"Server stopped\""),
+        Duration::from_secs(5)
+    ));
+}
