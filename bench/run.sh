@@ -17,7 +17,7 @@
 #   PROXY_CPUS=0  LOAD_CPUS=1  UPSTREAM_CPUS=$LOAD_CPUS   taskset CPU lists
 #   RESULTS_DIR=bench/results   where the JSON goes
 #   PERF=1           also `perf record` kamal-proxy during its c64 run (flat profile saved next to the JSON)
-set -euo pipefail
+set -Eeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -475,7 +475,11 @@ for t in $TARGETS; do
                 echo "## by shared object"
                 perf report -i "$WORK/kp.perf.data" --stdio --no-children --sort dso 2>/dev/null | grep -v '^#' | grep -v '^$' | head -n 20 || true
                 echo "## by symbol (top 80)"
-                perf report -i "$WORK/kp.perf.data" --stdio --no-children --sort dso,symbol 2>/dev/null | grep -v '^#' | grep -v '^$' | head -n 80 || true
+                perf report -i "$WORK/kp.perf.data" --stdio --no-children --sort dso,symbol 2>/dev/null | grep -v '^#' | grep -v '^$' |
+                    sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//' | head -n 80 || true
+                echo "## user space only (binary + libc), by symbol (top 40)"
+                perf report -i "$WORK/kp.perf.data" --stdio --no-children --sort dso,symbol 2>/dev/null | grep -v '^#' | grep -v '^$' |
+                    grep -v kernel.kallsyms | sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//' | head -n 40 || true
             } >"$perf_out"
             log "perf profile written to ${perf_out#"$ROOT"/} (req/s of this run is lowered by perf)"
         fi
@@ -521,7 +525,7 @@ for t in $TARGETS; do
 done
 
 # A proxy that neither used its whole core nor reached the load side's ceiling was starved.
-if [[ " $TARGETS " == *" direct "* ]]; then
+if [[ -n "$SINGLE_PROXY_CPU" && " $TARGETS " == *" direct "* ]]; then
     for t in $TARGETS; do
         [[ $t == direct ]] && continue
         if awk -v c="${CPU_PCT[$t]}" -v r="${RPS[$t]}" -v d="${RPS[direct]}" 'BEGIN { exit !(c < 80 && r < 0.85 * d) }'; then
@@ -566,7 +570,7 @@ num() { [[ -z "$1" || "$1" == null ]] && printf null || printf '%s' "$1"; }
         "$(jstr "$(nginx -v 2>&1 | sed 's/.*nginx\///')")" \
         "$(jstr "$(haproxy -v 2>/dev/null | awk 'NR==1{print $3}')")" \
         "$(jstr "$(caddy version 2>/dev/null | awk '{print $1}')")" \
-        "$(jstr "$(wrk -v 2>&1 | awk 'NR==1{print $2}')")"
+        "$(jstr "$({ wrk -v 2>&1 || true; } | awk 'NR==1{print $2}')")"
     printf '  "results": {\n'
     first=1
     for t in $TARGETS; do

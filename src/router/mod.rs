@@ -66,7 +66,7 @@ impl Router {
         let table = self.table.load();
         table
             .lookup(host, path)
-            .map(|(s, prefix)| (s.clone(), Arc::from(prefix)))
+            .map(|(s, prefix)| (s.clone(), prefix.clone()))
     }
 
     pub fn state_path(&self) -> &std::path::Path {
