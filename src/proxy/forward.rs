@@ -41,6 +41,8 @@ pub struct UpstreamRequest<'a> {
     pub pages: Option<&'a Arc<ErrorPages>>,
     pub client_ip: &'a str,
     pub tls: bool,
+    /// `--request-timeout`: the response headers must arrive by then (504 otherwise).
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 impl Forwarder {
@@ -69,7 +71,13 @@ impl Forwarder {
         let (mut parts, incoming) = req.into_parts();
         let head_request = parts.method == http::Method::HEAD;
         let body = if opts.buffer_requests && upgrade.is_none() {
-            match buffer_request(incoming, opts).await {
+            let buffered = match up.deadline {
+                Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))
+                    .await
+                    .unwrap_or(Err(StatusCode::GATEWAY_TIMEOUT)),
+                None => buffer_request(incoming, opts).await,
+            };
+            match buffered {
                 Ok(b) => b,
                 Err(status) => return finish(error_response(status, up.pages, None), completion),
             }
@@ -131,7 +139,10 @@ impl Forwarder {
         parts.version = Version::HTTP_11;
         let outbound = Request::from_parts(parts, body);
 
-        let timeout = opts.response_timeout();
+        let mut timeout_at = tokio::time::Instant::now() + opts.response_timeout();
+        if let Some(d) = up.deadline {
+            timeout_at = timeout_at.min(d);
+        }
         let sent = self.client.request(outbound);
         let result = {
             let cancelled = async {
@@ -141,7 +152,7 @@ impl Forwarder {
                 }
             };
             tokio::select! {
-                r = tokio::time::timeout(timeout, sent) => Some(r),
+                r = tokio::time::timeout_at(timeout_at, sent) => Some(r),
                 _ = cancelled => None,
             }
         };
