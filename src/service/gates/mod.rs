@@ -201,7 +201,7 @@ impl Gates {
 /// `ServiceOptions::validate`). Messages are the fork's.
 pub fn validate(o: &ServiceOptions) -> Result<(), String> {
     // Allow list and trusted proxies.
-    if !o.trusted_proxies.is_empty() && o.allow_ips.is_empty() && !(o.rate_limit > 0.0) {
+    if !o.trusted_proxies.is_empty() && o.allow_ips.is_empty() && o.rate_limit <= 0.0 {
         return Err("trusted-proxy requires allow-ip or rate-limit".into());
     }
     if !o.allow_ips.is_empty() && !o.client_ip_header.is_empty() && o.trusted_proxies.is_empty() {
