@@ -191,7 +191,7 @@ impl Service {
         let gates = &config.gates;
         // Classified on the path as the client sent it (prefix stripped), before rewrites.
         let is_health_check = config.is_health_check(req.method(), &routed);
-        let routed = routed.into_owned();
+        drop(routed); // the gates below may change the request's headers
 
         // Step 5: one deadline over everything below, holds included.
         let deadline = gates::deadline::deadline_for(gates.request_timeout, req.headers());
@@ -279,7 +279,10 @@ impl Service {
             prefix,
             config.options.strip_prefix,
         )
-        .unwrap_or_else(|| upstream_path_and_query(&req, &routed));
+        .unwrap_or_else(|| {
+            let routed = routed_path(req.uri().path(), prefix, config.options.strip_prefix);
+            upstream_path_and_query(&req, &routed)
+        });
         if !config.options.client_ip_header.is_empty() {
             client_ip_header_to_forwarded_for(&mut req, &config.options.client_ip_header);
         }
