@@ -215,11 +215,11 @@ async fn trusted_proxy_chains_resolve_the_client_and_unresolvable_chains_deny() 
         403,
         "the named header decides, not X-Forwarded-For"
     );
-    let logged = p.access_log();
     assert!(
-        logged
-            .iter()
-            .any(|l| l["remote_addr"] == "203.0.113.9" && l["status"] == 200),
+        p.wait_for_log(
+            |l| l.contains("\"remote_addr\":\"203.0.113.9\"") && l.contains("\"status\":200"),
+            Duration::from_secs(5)
+        ),
         "remote_addr shows the client-ip header"
     );
 }
@@ -407,6 +407,12 @@ async fn basic_auth_challenges_strips_the_header_and_keeps_the_plaintext_off_dis
     assert!(!state.contains("s3cr"), "{state}");
     assert!(state.contains("\"basic_auth\":\"sha256:"), "{state}");
     assert!(!p.ok(&["list", "--json"]).contains("sha256"));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(p.state_file())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the state file is not world-readable");
 
     // Survives a restart.
     let mut p = p;
@@ -683,4 +689,54 @@ async fn method_matters_for_ping_only_on_its_exact_path() {
     .await
     .unwrap();
     assert_eq!(r.status, 405);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_server_revalidates_what_a_direct_client_sends() {
+    use kamal_proxy::control::{DeployArgs, Request, Response, client::call};
+    use kamal_proxy::service::options::{DeploymentOptions, ServiceOptions, TargetOptions};
+    let b = Backend::start("app").await;
+    let p = Proxy::start();
+    let deploy = |o: ServiceOptions, t: TargetOptions| {
+        Request::Deploy(Box::new(DeployArgs {
+            service: "app".into(),
+            targets: vec![b.target()],
+            readers: vec![],
+            deployment: DeploymentOptions::default(),
+            service_options: o,
+            target_options: t,
+        }))
+    };
+    let err = |r: Result<Response, String>| match r {
+        Ok(Response::Error(e)) => e,
+        other => panic!("expected an error, got {other:?}"),
+    };
+    // A plaintext password is not a credential: the server refuses it.
+    let o = ServiceOptions {
+        basic_auth: "admin:secret".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        err(call(&p.socket(), &deploy(o, TargetOptions::default())).await),
+        "service options invalid: basic auth credential is not a sha256 value"
+    );
+    let o = ServiceOptions {
+        allow_ips: vec!["10.0.0.0/8".into()],
+        ..Default::default()
+    };
+    let mut t = TargetOptions::default();
+    t.health_check_config.path = "/".into();
+    assert_eq!(
+        err(call(&p.socket(), &deploy(o, t)).await),
+        "service options invalid: health-check-path cannot be \"/\" when allow-ip is set, as that path is served without an address check"
+    );
+    let o = ServiceOptions {
+        redirects: vec!["/(x=/y".into()],
+        ..Default::default()
+    };
+    assert!(
+        err(call(&p.socket(), &deploy(o, TargetOptions::default())).await)
+            .starts_with("service options invalid: redirect has an invalid pattern \"/(x\": ")
+    );
+    assert!(!p.ok(&["list"]).contains("app"));
 }
