@@ -740,3 +740,52 @@ async fn the_server_revalidates_what_a_direct_client_sends() {
     );
     assert!(!p.ok(&["list"]).contains("app"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_deadline_cuts_a_slow_body_off_but_not_an_event_stream() {
+    let b = Backend::start("app").await;
+    let p = Proxy::start();
+    let http = client();
+    p.deploy("app", &b.target(), &["--request-timeout=500ms"]);
+
+    // Headers in time, body too slow: the body is cut off at the deadline.
+    let started = Instant::now();
+    let r = http
+        .get(p.url("/drip?n=10&interval_ms=200"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.is_err(), "the body is truncated");
+    assert!(started.elapsed() < Duration::from_millis(1500));
+
+    // A response that turns out to be an event stream stops the deadline.
+    let r = http
+        .get(p.url("/sse?n=5&interval_ms=200"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap().matches("data: event").count(), 5);
+
+    // Within the deadline, nothing changes.
+    let r = http
+        .get(p.url("/drip?n=2&interval_ms=50"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap().matches("data: event").count(), 2);
+
+    // A buffered response that is not complete by the deadline is a 504.
+    p.deploy(
+        "app",
+        &b.target(),
+        &["--request-timeout=500ms", "--buffer-responses"],
+    );
+    let r = http
+        .get(p.url("/drip?n=10&interval_ms=200"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 504);
+}

@@ -213,7 +213,22 @@ impl Forwarder {
 
         if opts.buffer_responses && !is_event_stream(response.headers()) {
             let (mut parts, incoming) = response.into_parts();
-            return match buffer_response(incoming, opts).await {
+            let buffered = match up.deadline {
+                Some(d) => {
+                    match tokio::time::timeout_at(d, buffer_response(incoming, opts)).await {
+                        Ok(b) => b,
+                        Err(_) => {
+                            tracing::info!(path = %uri.path(), "Request deadline exceeded");
+                            return finish(
+                                error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
+                                completion,
+                            );
+                        }
+                    }
+                }
+                None => buffer_response(incoming, opts).await,
+            };
+            return match buffered {
                 Ok(body) => {
                     // A HEAD, 204 or 304 answer has no body to measure: its length, if
                     // any, stays the app's.
@@ -255,7 +270,15 @@ impl Forwarder {
                 }
             };
         }
-        finish(response.map(ResponseBody::stream), completion)
+        // The deadline keeps running over the body, unless it is an event stream.
+        let deadline = up.deadline.filter(|_| !is_event_stream(response.headers()));
+        finish(
+            response.map(|b| match deadline {
+                Some(d) => ResponseBody::stream(b).with_deadline(d),
+                None => ResponseBody::stream(b),
+            }),
+            completion,
+        )
     }
 }
 
