@@ -124,26 +124,26 @@ impl BasicAuth {
         let Some(credential) = &self.credential else {
             return false;
         };
-        supplied
-            .as_ref()
-            .and_then(parse_basic)
-            .is_some_and(|(user, password)| credential.matches(&user, &password))
+        let Some(decoded) = supplied.as_ref().and_then(decode_basic) else {
+            return false;
+        };
+        std::str::from_utf8(&decoded)
+            .ok()
+            .and_then(|s| s.split_once(':'))
+            .is_some_and(|(user, password)| credential.matches(user, password))
     }
 }
 
-/// `Authorization: Basic base64(user:password)`, the scheme case-insensitive.
-fn parse_basic(value: &HeaderValue) -> Option<(String, String)> {
+/// The `user:password` bytes of `Authorization: Basic …`, the scheme case-insensitive.
+fn decode_basic(value: &HeaderValue) -> Option<Vec<u8>> {
     let value = value.to_str().ok()?;
     let (scheme, encoded) = value.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;
     }
-    let decoded = base64::engine::general_purpose::STANDARD
+    base64::engine::general_purpose::STANDARD
         .decode(encoded.trim())
-        .ok()?;
-    let decoded = String::from_utf8(decoded).ok()?;
-    let (user, password) = decoded.split_once(':')?;
-    Some((user.to_string(), password.to_string()))
+        .ok()
 }
 
 #[cfg(test)]

@@ -45,6 +45,10 @@ impl RuleSet {
     /// The first rule matching the whole `path`, expanded, with its status.
     pub fn apply(&self, path: &str) -> Option<(String, u16)> {
         self.0.iter().find_map(|rule| {
+            // A miss (the usual case) costs no allocation for capture slots.
+            if !rule.pattern.is_match(path) {
+                return None;
+            }
             let caps = rule.pattern.captures(path)?;
             let mut out = String::new();
             caps.expand(&rule.replacement, &mut out);
