@@ -60,9 +60,14 @@ run() { # host [port] → "rps p50_us p99_us"
 curl -sf -H "Host: gated.test" -u bench:secret "http://127.0.0.1:$pport/" >/dev/null
 echo "profile=$PROFILE rounds=$ROUNDS ${SECS}s each, wrk -t2 -c64"
 for i in $(seq "$ROUNDS"); do
-  echo "plain $(run plain.test)"
-  echo "gated $(run gated.test)"
-  if [ -n "${BASE_BIN:-}" ]; then echo "base $(run base.test "$bport2")"; fi
+  # Rotate the order each round so no service always runs first (or last).
+  order=(plain gated base)
+  [ -n "${BASE_BIN:-}" ] || order=(plain gated)
+  n=${#order[@]}
+  for j in $(seq 0 $((n - 1))); do
+    k=${order[$(( (i + j) % n ))]}
+    if [ "$k" = base ]; then echo "base $(run base.test "$bport2")"; else echo "$k $(run "$k.test")"; fi
+  done
 done | tee "$work/results"
 awk '{n[$1]++; r[$1]+=$2; p50[$1]+=$3; p99[$1]+=$4}
      END {for (k in n) printf "%s: %.0f req/s, p50 %d us, p99 %d us\n", k, r[k]/n[k], p50[k]/n[k], p99[k]/n[k];

@@ -789,3 +789,43 @@ async fn the_deadline_cuts_a_slow_body_off_but_not_an_event_stream() {
         .unwrap();
     assert_eq!(r.status(), 504);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unreadable_stored_gates_fail_closed_after_a_restart() {
+    let b = Backend::start("app").await;
+    let mut p = Proxy::start();
+    let http = client();
+    p.deploy(
+        "app",
+        &b.target(),
+        &["--allow-ip=127.0.0.1", "--basic-auth=u:p"],
+    );
+    p.deploy("other", &b.target(), &["--host=other.test"]);
+    assert_eq!(
+        status(http.get(p.url("/")).basic_auth("u", Some("p"))).await,
+        200
+    );
+
+    // A hand-edited state file: the allow list no longer parses.
+    p.terminate();
+    let path = p.state_file();
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    for s in state["services"].as_array_mut().unwrap() {
+        if s["name"] == "app" {
+            s["options"]["allow_ips"] = serde_json::json!(["127.0.0.1/99"]);
+        }
+    }
+    std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
+    p.restart();
+    assert_eq!(
+        status(http.get(p.url("/")).basic_auth("u", Some("p"))).await,
+        403,
+        "an unreadable allow list denies everyone"
+    );
+    assert_eq!(
+        status(http.get(p.url("/")).header("host", "other.test")).await,
+        200,
+        "other services restore as usual"
+    );
+}

@@ -609,5 +609,17 @@ mod tests {
         assert!(o.tls_redirect);
         let out = serde_json::to_string(&o).unwrap();
         assert!(!out.contains("sleep_after"));
+        // Unset gates are omitted, so files stay upstream-shaped and older files load.
+        for key in [
+            "allow_ips",
+            "rate_limit",
+            "basic_auth",
+            "redirects",
+            "request_timeout",
+        ] {
+            assert!(!out.contains(key), "{key} in {out}");
+        }
+        assert_eq!(o.rate_limit, 0.0);
+        assert!(o.allow_ips.is_empty() && o.basic_auth.is_empty());
     }
 }
