@@ -829,3 +829,26 @@ async fn unreadable_stored_gates_fail_closed_after_a_restart() {
         "other services restore as usual"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn websockets_outlive_the_request_deadline() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let b = Backend::start("app").await;
+    let p = Proxy::start();
+    p.deploy("app", &b.target(), &["--request-timeout=300ms"]);
+    // Held by a pause for longer than the deadline: an upgrade is exempt, so it waits.
+    p.ok(&["pause", "app", "--drain-timeout=1s"]);
+    let url = format!("ws://127.0.0.1:{}/ws", p.http_port);
+    let handshake = tokio::spawn(tokio_tungstenite::connect_async(url));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    p.ok(&["resume", "app"]);
+    let (mut ws, resp) = handshake.await.unwrap().expect("websocket handshake");
+    assert_eq!(resp.status(), 101);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    ws.send(Message::text("still here")).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), ws.next())
+        .await
+        .expect("echo in time");
+    assert_eq!(got.unwrap().unwrap(), Message::text("still here"));
+}
