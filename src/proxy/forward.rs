@@ -70,7 +70,7 @@ impl Forwarder {
 
         let (mut parts, incoming) = req.into_parts();
         let head_request = parts.method == http::Method::HEAD;
-        let body = if opts.buffer_requests && upgrade.is_none() {
+        let mut body = if opts.buffer_requests && upgrade.is_none() {
             let buffered = match up.deadline {
                 Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))
                     .await
@@ -82,7 +82,7 @@ impl Forwarder {
                 Err(status) => return finish(error_response(status, up.pages, None), completion),
             }
         } else {
-            RequestBody::Stream(incoming)
+            RequestBody::stream(incoming)
         };
 
         let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -137,12 +137,9 @@ impl Forwarder {
             .unwrap_or_default();
         std::mem::swap(&mut parts.uri, &mut uri);
         parts.version = Version::HTTP_11;
+        let body_sent = body.track_sent();
         let outbound = Request::from_parts(parts, body);
 
-        let mut timeout_at = tokio::time::Instant::now() + opts.response_timeout();
-        if let Some(d) = up.deadline {
-            timeout_at = timeout_at.min(d);
-        }
         let sent = self.client.request(outbound);
         let result = {
             let cancelled = async {
@@ -151,14 +148,34 @@ impl Forwarder {
                     None => std::future::pending().await,
                 }
             };
+            // `--target-timeout` bounds the wait for response headers once the request is
+            // sent (Go's `ResponseHeaderTimeout`), so a slow upload is not cut short.
+            let timed_out = async {
+                if let Some(rx) = body_sent {
+                    let _ = rx.await;
+                }
+                tokio::time::sleep(opts.response_timeout()).await;
+            };
+            // `--request-timeout`: the whole request's deadline, uploads included.
+            let deadline = async {
+                match up.deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                r = tokio::time::timeout_at(timeout_at, sent) => Some(r),
+                r = sent => Some(Ok(r)),
+                _ = timed_out => Some(Err(())),
+                _ = deadline => Some(Err(())),
                 _ = cancelled => None,
             }
         };
         let mut response = match result {
             None => {
                 tracing::info!(path = %uri.path(), "Request cancelled due to draining");
+                // Release the target now: the 504 page itself must not be cut by the drain.
+                let mut completion = completion;
+                completion.target = None;
                 return finish(
                     error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
                     completion,
@@ -343,11 +360,11 @@ async fn buffer_request(
         }
     }
     if buf.is_empty() {
-        return Ok(RequestBody::Empty);
+        return Ok(RequestBody::empty());
     }
     buf.into_body()
         .await
-        .map(RequestBody::Buffered)
+        .map(RequestBody::buffered)
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)
 }
 

@@ -268,7 +268,7 @@ impl Service {
                 completion,
             );
         };
-        completion.record().target = Some(target.address().to_string());
+        completion.record().target = Some(target.shared_address());
         completion.target = Some(target.begin());
 
         // Step 9: rewrites change only what the target sees.
