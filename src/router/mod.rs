@@ -118,7 +118,7 @@ impl Router {
     }
 
     fn restore_service(self: &Arc<Self>, s: &ServiceState) -> Result<Arc<Service>, String> {
-        let config = ServiceConfig::build(s.options.clone(), s.target_options.clone())?;
+        let config = ServiceConfig::build(&s.name, s.options.clone(), s.target_options.clone())?;
         let lb = LoadBalancer::new(
             &s.name,
             &s.active_targets,
@@ -161,6 +161,7 @@ impl Router {
         }
         service_options.validate()?;
         target_options.validate()?;
+        crate::service::gates::validate_health_check(&service_options, &target_options)?;
         let mut options = service_options;
         options.normalize();
         if options.sleep_enabled() {
@@ -211,7 +212,8 @@ impl Router {
                 lb.stop_health_checks();
                 return Err("host settings conflict with another service".into());
             }
-            let config = match ServiceConfig::build(options.clone(), target_options.clone()) {
+            let config = match ServiceConfig::build(&name, options.clone(), target_options.clone())
+            {
                 Ok(c) => c,
                 Err(e) => {
                     lb.stop_health_checks();
