@@ -454,7 +454,10 @@ pub fn init(debug: bool) -> WorkerGuard {
         // The writer thread drains every queued line, then flushes: behind a BufWriter
         // a burst of lines costs one write(2) instead of one per line (stdout alone is
         // line-buffered), and a lone line is still written at once.
-        .finish(std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout()));
+        .finish(std::io::BufWriter::with_capacity(
+            64 * 1024,
+            std::io::stdout(),
+        ));
     // Ignoring the error keeps the first subscriber; the new writer thread
     // then simply idles until the guard is dropped.
     let _ = tracing::subscriber::set_global_default(build_subscriber(debug, writer));
