@@ -132,7 +132,10 @@ async fn proxied_wakes(p: &Proxy, c: &TestContainer, n: usize, cycles: usize) ->
     out
 }
 
-fn wrk_rps(port: u16, host: &str, seconds: u32) -> Option<f64> {
+/// One wrk run: (requests/s, proxy CPU µs per request). CPU comes from the proxy's
+/// utime+stime in /proc, which is steadier than req/s on a shared machine.
+fn wrk_run(pid: u32, port: u16, host: &str, seconds: u32) -> Option<(f64, f64)> {
+    let before = cpu_seconds(pid)?;
     let out = std::process::Command::new("wrk")
         .args([
             "-t1",
@@ -144,11 +147,25 @@ fn wrk_rps(port: u16, host: &str, seconds: u32) -> Option<f64> {
         .arg(format!("http://127.0.0.1:{port}/"))
         .output()
         .ok()?;
+    let cpu = cpu_seconds(pid)? - before;
     let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find(|l| l.starts_with("Requests/sec:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
+    let requests: f64 = text
+        .lines()
+        .find(|l| l.contains("requests in"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())?;
+    Some((requests / f64::from(seconds), cpu * 1e6 / requests))
+}
+
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces): utime is the 14th field.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // USER_HZ is 100 on Linux.
+    Some((utime + stime) / 100.0)
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -181,10 +198,16 @@ async fn main() {
     println!("start→ready: Engine API start until the app answers, measured alone. The other");
     println!("columns count from the moment the requests are sent to the sleeping service;");
     println!("overhead = proxied response − the app answering a direct poll in the same cycle.");
-    for (label, boot) in [
-        ("instant", Duration::ZERO),
-        ("boot-0.3s", Duration::from_millis(300)),
-    ] {
+    // WAKE_SKIP=1 measures only the tracking cost.
+    let skip_wakes = std::env::var_os("WAKE_SKIP").is_some();
+    for (label, boot) in if skip_wakes {
+        vec![]
+    } else {
+        vec![
+            ("instant", Duration::ZERO),
+            ("boot-0.3s", Duration::from_millis(300)),
+        ]
+    } {
         let c = docker::run_app_container("wake-bench", boot);
         docker::wait_until_ready(&c).expect("app ready");
         let mut direct = direct_start_to_ready(&engine, &c, cycles).await;
@@ -243,17 +266,40 @@ async fn main() {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(5);
+        let pid = p.pid().expect("proxy pid");
         let (mut plain, mut tracked) = (Vec::new(), Vec::new());
-        for _ in 0..5 {
-            plain.extend(wrk_rps(p.http_port, "plain.test", secs));
-            tracked.extend(wrk_rps(p.http_port, "tracked.test", secs));
+        let (mut plain_cpu, mut tracked_cpu) = (Vec::new(), Vec::new());
+        for round in 0..6 {
+            // Alternate which goes first, so warm-up and drift favour neither.
+            let order = if round % 2 == 0 {
+                ["plain.test", "tracked.test"]
+            } else {
+                ["tracked.test", "plain.test"]
+            };
+            for host in order {
+                if let Some((rps, cpu)) = wrk_run(pid, p.http_port, host, secs) {
+                    if host == "plain.test" {
+                        plain.push(rps);
+                        plain_cpu.push(cpu);
+                    } else {
+                        tracked.push(rps);
+                        tracked_cpu.push(cpu);
+                    }
+                }
+            }
         }
         let (pm, tm) = (median(&mut plain), median(&mut tracked));
+        let (pc, tc) = (median(&mut plain_cpu), median(&mut tracked_cpu));
         println!(
-            "\nidle tracking: sleep disabled {pm:.0} req/s, enabled {tm:.0} req/s, enabled/disabled = {:.3}",
-            tm / pm
+            "\nidle tracking: sleep disabled {pm:.0} req/s ({pc:.1} µs CPU/req), enabled {tm:.0} req/s ({tc:.1} µs CPU/req)"
         );
-        serde_json::json!({"disabled_rps": pm, "enabled_rps": tm, "ratio": tm / pm})
+        println!(
+            "  enabled/disabled: throughput {:.3}, CPU per request {:.3}",
+            tm / pm,
+            tc / pc
+        );
+        serde_json::json!({"disabled_rps": pm, "enabled_rps": tm, "ratio": tm / pm,
+            "disabled_cpu_us_per_req": pc, "enabled_cpu_us_per_req": tc, "cpu_ratio": tc / pc})
     } else {
         println!("\nidle tracking: skipped (wrk not installed)");
         serde_json::Value::Null
