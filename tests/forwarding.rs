@@ -891,7 +891,6 @@ async fn http10_request_without_host_reaches_the_catch_all_service() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "defect: --client-ip-header is stored but never applied (src/service/mod.rs, src/proxy/forward.rs)"]
 async fn client_ip_header_replaces_x_forwarded_for() {
     let backend = Backend::start("app").await;
     let proxy = Proxy::start();
