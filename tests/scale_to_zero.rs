@@ -397,3 +397,22 @@ async fn a_redeploy_while_asleep_leaves_a_service_that_serves() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "s2z-redeploy");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rewrite_that_matches_the_health_path_does_not_wake_it() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("s2z-rewrite");
+    let p = proxy();
+    // The SPA catch-all that turned the Go fork's `/up` into a real, waking request.
+    deploy_sleepy(&p, &c, &["--rewrite=/[^.]*=/index.html"]);
+    asleep(&p, &c);
+
+    let since = docker::now_unix();
+    let r = client().get(p.url("/up")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(docker::start_events_since(&c.name, since), 0);
+    assert_eq!(state_of(&p, "app"), "sleeping");
+}

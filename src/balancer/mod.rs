@@ -305,3 +305,68 @@ async fn probe_loop(lb: Weak<LoadBalancer>, target: Arc<Target>, mode: ProbeMode
         tokio::time::sleep(delay).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(writers: &[&str], readers: &[&str]) -> Arc<LoadBalancer> {
+        let w: Vec<String> = writers.iter().map(|s| s.to_string()).collect();
+        let r: Vec<String> = readers.iter().map(|s| s.to_string()).collect();
+        LoadBalancer::new(
+            "app",
+            &w,
+            &r,
+            HealthCheckConfig::default(),
+            health::probe_client(),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn one_healthy_writer_is_enough_to_serve_but_not_to_deploy() {
+        let lb = pool(&["web-1:3000", "web-2:3000"], &["reader:3000"]);
+        lb.record(&lb.writers[0], true);
+        let status = lb.status();
+        assert!(status.serving, "a wake is ready with one healthy writer");
+        assert!(!status.all_healthy, "a deploy waits for every target");
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(10);
+        assert_eq!(lb.wait_until_serving(deadline).await, Ok(()));
+        assert!(
+            lb.wait_until_healthy(Duration::from_millis(10))
+                .await
+                .is_err()
+        );
+        // A healthy reader alone does not make the service servable.
+        let lb = pool(&["web-1:3000"], &["reader:3000"]);
+        lb.record(&lb.readers[0], true);
+        assert!(!lb.status().serving);
+    }
+
+    #[tokio::test]
+    async fn suspended_pools_route_nowhere_and_resume_unverified() {
+        let lb = pool(&["web-1:3000", "web-2:3000"], &[]);
+        lb.mark_all_healthy();
+        assert!(lb.select(false).is_some());
+        lb.suspend();
+        assert!(lb.select(false).is_none());
+        assert!(!lb.status().serving);
+        // A failed probe while unverified keeps the target out without flapping.
+        lb.writers[0].set_health(Health::Adding);
+        lb.record(&lb.writers[0], false);
+        assert_eq!(lb.writers[0].health(), Health::Adding);
+    }
+
+    #[test]
+    fn round_robin_starts_at_the_second_target() {
+        let targets: Vec<Arc<Target>> = ["a1:1", "a2:1", "a3:1"]
+            .iter()
+            .map(|a| Target::new(a).unwrap())
+            .collect();
+        let counter = AtomicUsize::new(0);
+        let picked: Vec<String> = (0..4)
+            .map(|_| pick(&targets, &counter).address().to_string())
+            .collect();
+        assert_eq!(picked, ["a2:1", "a3:1", "a1:1", "a2:1"]);
+    }
+}
