@@ -22,6 +22,7 @@ use pause::{PauseController, PauseOutcome};
 use sleep::{HealthAnswer, IdleController, WakeError};
 
 /// Options compiled for the request path; swapped whole on redeploy.
+#[derive(Clone)]
 pub struct ServiceConfig {
     pub options: ServiceOptions,
     pub target_options: TargetOptions,
@@ -29,6 +30,8 @@ pub struct ServiceConfig {
     /// `--log-request-header`: (log key, header name).
     pub log_request_headers: Vec<(String, HeaderName)>,
     pub log_response_headers: Arc<Vec<String>>,
+    /// Where certificates come from when TLS is on (set by the router at deploy).
+    pub tls: Option<Arc<crate::tls::CertSource>>,
 }
 
 impl ServiceConfig {
@@ -62,6 +65,7 @@ impl ServiceConfig {
             target_options,
             pages,
             log_request_headers,
+            tls: None,
         })
     }
 
