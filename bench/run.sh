@@ -16,7 +16,8 @@
 #   PIN=1            pin with taskset (needs >= 2 CPUs); PIN=0 leaves scheduling to the kernel
 #   PROXY_CPUS=0  LOAD_CPUS=1  UPSTREAM_CPUS=$LOAD_CPUS   taskset CPU lists
 #   RESULTS_DIR=bench/results   where the JSON goes
-set -euo pipefail
+#   PERF=1           also `perf record` kamal-proxy during its c64 run (flat profile saved next to the JSON)
+set -Eeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -33,6 +34,8 @@ KP_STDOUT="${KP_STDOUT:-/dev/null}"
 TARGETS="${TARGETS:-direct kamal-proxy nginx haproxy caddy}"
 BASE_PORT="${BASE_PORT:-18400}"
 RESULTS_DIR="${RESULTS_DIR:-$ROOT/bench/results}"
+PERF="${PERF:-0}"
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 
 for v in DURATION C1_DURATION WARMUP CONNECTIONS BASE_PORT; do
     [[ "${!v}" =~ ^[0-9]+$ ]] || { echo "bench: $v must be a whole number, got '${!v}'" >&2; exit 2; }
@@ -85,6 +88,7 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
+trap 'printf "[bench] ERROR: command failed (line %s): %s\n" "$LINENO" "$BASH_COMMAND" >&2' ERR
 trap 'log "interrupted"; exit 130' INT
 trap 'log "terminated"; exit 143' TERM
 
@@ -206,6 +210,18 @@ cpu_ticks() { # utime+stime (all threads) over the process tree, in clock ticks
     echo "$total"
 }
 CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
+
+core_ticks() { # cpu-number -> "busy total" ticks of that CPU from /proc/stat
+    local name v rest
+    while read -r name rest; do
+        if [[ "$name" == "cpu$1" ]]; then
+            read -r -a v <<<"$rest" # user nice system idle iowait irq softirq steal ...
+            echo "$((v[0] + v[1] + v[2] + v[5] + v[6] + v[7])) $((v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7]))"
+            return 0
+        fi
+    done </proc/stat
+    echo "0 0"
+}
 
 # Background RSS sampler: every 200 ms, writes the peak so far to a file.
 SAMPLER_PID=""
@@ -407,7 +423,15 @@ run_wrk() { # out connections duration url
     grep -q '^Requests/sec:' "$1" || die "wrk produced no result against $4: $(tail -n 5 "$1")"
 }
 
-declare -A RPS P50 P99 C1P50 IDLE_KB LOAD_KB CPU_US CPU_PCT ERRS
+declare -A RPS P50 P99 C1P50 IDLE_KB LOAD_KB CPU_US CPU_PCT OTHER_PCT ERRS
+# "other%": CPU time on the proxy's core used by anything but the proxy (other
+# processes, plus interrupt/softirq time not charged to it). Only when pinned to one CPU.
+SINGLE_PROXY_CPU=""
+[[ "$PIN" == 1 && "$PROXY_CPUS" =~ ^[0-9]+$ ]] && SINGLE_PROXY_CPU=$PROXY_CPUS
+if [[ "$PERF" == 1 ]]; then
+    command -v perf >/dev/null 2>&1 || die "PERF=1 but perf is not installed (apt-get install -y linux-perf)"
+    ((KP_WANTED)) || die "PERF=1 profiles kamal-proxy, which is not in TARGETS"
+fi
 
 log "load: wrk -t1 -c$CONNECTIONS -d${DURATION}s, then wrk -t1 -c1 -d${C1_DURATION}s; warmup ${WARMUP}s; pinning: $(
     [[ $PIN == 1 ]] && echo "proxies cpu $PROXY_CPUS, wrk cpu $LOAD_CPUS, upstream cpu $UPSTREAM_CPUS" || echo off)"
@@ -421,12 +445,45 @@ for t in $TARGETS; do
 
     log "$t: c$CONNECTIONS for ${DURATION}s"
     start_sampler "$pid" "$WORK/$t.peak"
+    PERF_PID=""
+    if [[ "$PERF" == 1 && $t == kamal-proxy ]]; then
+        "${PIN_LOAD[@]}" perf record -F 999 -p "$pid" -o "$WORK/kp.perf.data" -- sleep "$DURATION" \
+            >"$WORK/perf-record.log" 2>&1 &
+        PERF_PID=$!
+        track "$PERF_PID" "perf record"
+    fi
     ticks0=$(cpu_ticks "$pid")
+    [[ -n "$SINGLE_PROXY_CPU" ]] && read -r cb0 ct0 < <(core_ticks "$SINGLE_PROXY_CPU")
     t0=$(date +%s.%N)
     run_wrk "$WORK/$t.c$CONNECTIONS.txt" "$CONNECTIONS" "$DURATION" "$url"
     t1=$(date +%s.%N)
     ticks1=$(cpu_ticks "$pid")
+    [[ -n "$SINGLE_PROXY_CPU" ]] && read -r cb1 ct1 < <(core_ticks "$SINGLE_PROXY_CPU")
     stop_sampler
+    OTHER_PCT[$t]="-"
+    if [[ -n "$SINGLE_PROXY_CPU" && $t != direct ]] && ((ct1 > ct0)); then
+        OTHER_PCT[$t]=$(( (100 * (cb1 - cb0 - (ticks1 - ticks0))) / (ct1 - ct0) ))
+        ((${OTHER_PCT[$t]} >= 0)) || OTHER_PCT[$t]=0
+    fi
+    if [[ -n "$PERF_PID" ]]; then
+        wait "$PERF_PID" || log "perf record failed: $(tail -n 3 "$WORK/perf-record.log")"
+        if [[ -s "$WORK/kp.perf.data" ]]; then
+            mkdir -p "$RESULTS_DIR"
+            perf_out="$RESULTS_DIR/$STAMP-kamal-proxy.perf.txt"
+            {
+                echo "# perf record -F 999 -p <kamal-proxy> during wrk -t1 -c$CONNECTIONS -d${DURATION}s; flat profile"
+                echo "## by shared object"
+                perf report -i "$WORK/kp.perf.data" --stdio --no-children --sort dso 2>/dev/null | grep -v '^#' | grep -v '^$' | head -n 20 || true
+                echo "## by symbol (top 80)"
+                perf report -i "$WORK/kp.perf.data" --stdio --no-children --sort dso,symbol 2>/dev/null | grep -v '^#' | grep -v '^$' |
+                    sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//' | head -n 80 || true
+                echo "## user space only (binary + libc), by symbol (top 40)"
+                perf report -i "$WORK/kp.perf.data" --stdio --no-children --sort dso,symbol 2>/dev/null | grep -v '^#' | grep -v '^$' |
+                    grep -v kernel.kallsyms | sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//' | head -n 40 || true
+            } >"$perf_out"
+            log "perf profile written to ${perf_out#"$ROOT"/} (req/s of this run is lowered by perf)"
+        fi
+    fi
     LOAD_KB[$t]=$(cat "$WORK/$t.peak" 2>/dev/null || echo 0)
     r=$(rss_kb "$pid")
     if ((r > ${LOAD_KB[$t]})); then LOAD_KB[$t]=$r; fi
@@ -457,15 +514,26 @@ echo
 echo "kamal-proxy bench — $(date -u +%Y-%m-%dT%H:%M:%SZ), ${NCPU} CPUs, load avg at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "wrk -t1 -c$CONNECTIONS -d${DURATION}s (req/s, p50, p99) and wrk -t1 -c1 -d${C1_DURATION}s (c1 p50); 6-byte body; HTTP/1.1 keep-alive"
 echo
-HDR="%-12s %10s %8s %8s %9s %9s %8s %6s %9s %9s %6s\n"
-printf "$HDR" target req/s p50_ms p99_ms c1p50_us +c1p50_us cpu_us/r cpu% idle_MiB load_MiB errors
-printf "$HDR" ------------ ---------- -------- -------- --------- --------- -------- ------ --------- --------- ------
+HDR="%-12s %10s %8s %8s %9s %9s %8s %5s %6s %9s %9s %6s\n"
+printf "$HDR" target req/s p50_ms p99_ms c1p50_us +c1p50_us cpu_us/r cpu% other% idle_MiB load_MiB errors
+printf "$HDR" ------------ ---------- -------- -------- --------- --------- -------- ----- ------ --------- --------- ------
 for t in $TARGETS; do
     c1us=$(awk -v x="${C1P50[$t]}" 'BEGIN { printf "%.0f", x * 1000 }')
     if [[ $t == direct || " $TARGETS " != *" direct "* ]]; then add="-"; else add=$(added "${C1P50[$t]}" "${C1P50[direct]}"); fi
     printf "$HDR" "$t" "$(printf %.0f "${RPS[$t]}")" "${P50[$t]}" "${P99[$t]}" "$c1us" "$add" \
-        "${CPU_US[$t]}" "${CPU_PCT[$t]}" "$(mib "${IDLE_KB[$t]}")" "$(mib "${LOAD_KB[$t]}")" "${ERRS[$t]}"
+        "${CPU_US[$t]}" "${CPU_PCT[$t]}" "${OTHER_PCT[$t]}" "$(mib "${IDLE_KB[$t]}")" "$(mib "${LOAD_KB[$t]}")" "${ERRS[$t]}"
 done
+
+# A proxy that neither used its whole core nor reached the load side's ceiling was starved.
+if [[ -n "$SINGLE_PROXY_CPU" && " $TARGETS " == *" direct "* ]]; then
+    for t in $TARGETS; do
+        [[ $t == direct ]] && continue
+        if awk -v c="${CPU_PCT[$t]}" -v r="${RPS[$t]}" -v d="${RPS[direct]}" 'BEGIN { exit !(c < 80 && r < 0.85 * d) }'; then
+            echo "NOTE: $t used ${CPU_PCT[$t]}% of a core and stayed below the direct ceiling: its core was shared" \
+                "with other work (other% ${OTHER_PCT[$t]}); its req/s and latency are disturbed — compare cpu_us/r, or rerun on a quiet machine." >&2
+        fi
+    done
+fi
 
 if ((KP_WANTED)); then
     echo
@@ -485,13 +553,12 @@ for t in $TARGETS; do total_errs=$((total_errs + ${ERRS[$t]})); done
 
 # ------------------------------------------------------------------ JSON ---
 mkdir -p "$RESULTS_DIR"
-stamp=$(date -u +%Y%m%dT%H%M%SZ)
-json="$RESULTS_DIR/$stamp.json"
+json="$RESULTS_DIR/$STAMP.json"
 jstr() { local s=$1; s=${s//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/ }; printf '"%s"' "$s"; }
 num() { [[ -z "$1" || "$1" == null ]] && printf null || printf '%s' "$1"; }
 {
     printf '{\n'
-    printf '  "timestamp": %s,\n' "$(jstr "$stamp")"
+    printf '  "timestamp": %s,\n' "$(jstr "$STAMP")"
     printf '  "git_rev": %s,\n' "$(jstr "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo -dirty)")"
     printf '  "kamal_proxy_bin": %s,\n' "$(jstr "${KP_BIN:-}")"
     printf '  "kamal_proxy_stdout": %s,\n' "$(jstr "$KP_STDOUT")"
@@ -503,7 +570,7 @@ num() { [[ -z "$1" || "$1" == null ]] && printf null || printf '%s' "$1"; }
         "$(jstr "$(nginx -v 2>&1 | sed 's/.*nginx\///')")" \
         "$(jstr "$(haproxy -v 2>/dev/null | awk 'NR==1{print $3}')")" \
         "$(jstr "$(caddy version 2>/dev/null | awk '{print $1}')")" \
-        "$(jstr "$(wrk -v 2>&1 | awk 'NR==1{print $2}')")"
+        "$(jstr "$({ wrk -v 2>&1 || true; } | awk 'NR==1{print $2}')")"
     printf '  "results": {\n'
     first=1
     for t in $TARGETS; do
@@ -513,8 +580,8 @@ num() { [[ -z "$1" || "$1" == null ]] && printf null || printf '%s' "$1"; }
         [[ $t != direct && " $TARGETS " == *" direct "* ]] && add=$(added "${C1P50[$t]}" "${C1P50[direct]}")
         printf '    %s: {"req_per_s": %s, "p50_ms": %s, "p99_ms": %s, "c1_p50_ms": %s, "c1_p50_added_us": %s, ' \
             "$(jstr "$t")" "$(num "${RPS[$t]}")" "$(num "${P50[$t]}")" "$(num "${P99[$t]}")" "$(num "${C1P50[$t]}")" "$(num "$add")"
-        printf '"cpu_us_per_req": %s, "cpu_percent": %s, "idle_rss_mib": %s, "load_rss_mib": %s, "errors": %s}' \
-            "$(num "${CPU_US[$t]}")" "$(num "${CPU_PCT[$t]}")" "$(mib "${IDLE_KB[$t]}")" "$(mib "${LOAD_KB[$t]}")" "${ERRS[$t]}"
+        printf '"cpu_us_per_req": %s, "cpu_percent": %s, "other_on_core_percent": %s, "idle_rss_mib": %s, "load_rss_mib": %s, "errors": %s}' \
+            "$(num "${CPU_US[$t]}")" "$(num "${CPU_PCT[$t]}")" "$(num "${OTHER_PCT[$t]/-/null}")" "$(mib "${IDLE_KB[$t]}")" "$(mib "${LOAD_KB[$t]}")" "${ERRS[$t]}"
     done
     printf '\n  }'
     if ((KP_WANTED)); then

@@ -22,7 +22,11 @@ fn median(v: &mut [f64]) -> f64 {
     if n == 0 {
         return f64::NAN;
     }
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -30,10 +34,17 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Engine API start → first 2xx from the app itself, polled every 0.5 ms.
-async fn direct_start_to_ready(docker: &dyn ContainerLifecycle, c: &TestContainer, cycles: usize) -> Vec<f64> {
+async fn direct_start_to_ready(
+    docker: &dyn ContainerLifecycle,
+    c: &TestContainer,
+    cycles: usize,
+) -> Vec<f64> {
     let mut out = Vec::new();
     for _ in 0..cycles {
-        docker.stop(&c.name, Duration::from_secs(10)).await.expect("stop");
+        docker
+            .stop(&c.name, Duration::from_secs(10))
+            .await
+            .expect("stop");
         // Like a sleeping service: the container has been stopped for a while.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let t0 = Instant::now();
@@ -53,7 +64,10 @@ async fn direct_start_to_ready(docker: &dyn ContainerLifecycle, c: &TestContaine
 fn state_of(p: &Proxy) -> String {
     let out = p.ok(&["list", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).expect("list --json");
-    v["services"]["app"]["state"].as_str().unwrap_or("").to_string()
+    v["services"]["app"]["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
 }
 
 fn wait_asleep(p: &Proxy, c: &TestContainer) {
@@ -66,7 +80,12 @@ fn wait_asleep(p: &Proxy, c: &TestContainer) {
 
 /// For each cycle: wait until asleep, fire `n` requests at once, record the first
 /// response time and every response time.
-async fn proxied_wakes(p: &Proxy, c: &TestContainer, n: usize, cycles: usize) -> (Vec<f64>, Vec<f64>) {
+async fn proxied_wakes(
+    p: &Proxy,
+    c: &TestContainer,
+    n: usize,
+    cycles: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let http = client();
     let (mut first, mut all) = (Vec::new(), Vec::new());
     for _ in 0..cycles {
@@ -96,7 +115,13 @@ async fn proxied_wakes(p: &Proxy, c: &TestContainer, n: usize, cycles: usize) ->
 
 fn wrk_rps(port: u16, host: &str, seconds: u32) -> Option<f64> {
     let out = std::process::Command::new("wrk")
-        .args(["-t1", "-c32", &format!("-d{seconds}s"), "-H", &format!("Host: {host}")])
+        .args([
+            "-t1",
+            "-c32",
+            &format!("-d{seconds}s"),
+            "-H",
+            &format!("Host: {host}"),
+        ])
         .arg(format!("http://127.0.0.1:{port}/"))
         .output()
         .ok()?;
@@ -113,14 +138,24 @@ async fn main() {
         eprintln!("wake benchmark needs a Docker Engine");
         std::process::exit(1);
     }
-    let cycles: usize = std::env::var("WAKE_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
-    let engine = kamal_proxy::lifecycle::docker::connect(&docker::docker_socket_path()).expect("docker");
+    let cycles: usize = std::env::var("WAKE_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let engine =
+        kamal_proxy::lifecycle::docker::connect(&docker::docker_socket_path()).expect("docker");
     let socket = format!("--docker-socket={}", docker::docker_socket_path().display());
     let mut results = Vec::new();
 
     println!("wake overhead, {cycles} cycles each (ms; medians)");
-    println!("{:<10} {:>5} {:>12} {:>14} {:>14} {:>12}", "app", "conc", "direct", "first resp", "all resp", "overhead");
-    for (label, boot) in [("instant", Duration::ZERO), ("boot-0.3s", Duration::from_millis(300))] {
+    println!(
+        "{:<10} {:>5} {:>12} {:>14} {:>14} {:>12}",
+        "app", "conc", "direct", "first resp", "all resp", "overhead"
+    );
+    for (label, boot) in [
+        ("instant", Duration::ZERO),
+        ("boot-0.3s", Duration::from_millis(300)),
+    ] {
         let c = docker::run_app_container("wake-bench", boot);
         docker::wait_until_ready(&c).expect("app ready");
         let mut direct = direct_start_to_ready(&engine, &c, cycles).await;
@@ -146,22 +181,36 @@ async fn main() {
     }
 
     // Hot-path cost of idle tracking: one proxy, two services on the same backend.
-    let tracking = if std::process::Command::new("wrk").arg("--version").output().is_ok() {
+    let tracking = if std::process::Command::new("wrk")
+        .arg("--version")
+        .output()
+        .is_ok()
+    {
         let c = docker::run_app_container("wake-bench-track", Duration::ZERO);
         docker::wait_until_ready(&c).expect("app ready");
         let p = Proxy::start_with(&[&socket], &[]);
         let target = format!("127.0.0.1:{}", c.port);
         let container = format!("--sleep-container={}", c.name);
         p.deploy("plain", &target, &["--host=plain.test"]);
-        p.deploy("tracked", &target, &["--host=tracked.test", "--sleep-after=1h", &container]);
-        let secs: u32 = std::env::var("TRACKING_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+        p.deploy(
+            "tracked",
+            &target,
+            &["--host=tracked.test", "--sleep-after=1h", &container],
+        );
+        let secs: u32 = std::env::var("TRACKING_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
         let (mut plain, mut tracked) = (Vec::new(), Vec::new());
         for _ in 0..3 {
             plain.extend(wrk_rps(p.http_port, "plain.test", secs));
             tracked.extend(wrk_rps(p.http_port, "tracked.test", secs));
         }
         let (pm, tm) = (median(&mut plain), median(&mut tracked));
-        println!("\nidle tracking: sleep disabled {pm:.0} req/s, enabled {tm:.0} req/s, enabled/disabled = {:.3}", tm / pm);
+        println!(
+            "\nidle tracking: sleep disabled {pm:.0} req/s, enabled {tm:.0} req/s, enabled/disabled = {:.3}",
+            tm / pm
+        );
         serde_json::json!({"disabled_rps": pm, "enabled_rps": tm, "ratio": tm / pm})
     } else {
         println!("\nidle tracking: skipped (wrk not installed)");

@@ -32,7 +32,9 @@ fn fnv_hex(data: &[u8]) -> String {
 fn channel_body() -> (mpsc::Sender<Vec<u8>>, reqwest::Body) {
     let (tx, rx) = mpsc::channel::<Vec<u8>>(4);
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|chunk| (Ok::<_, std::io::Error>(chunk), rx))
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, std::io::Error>(chunk), rx))
     });
     (tx, reqwest::Body::wrap_stream(stream))
 }
@@ -40,7 +42,9 @@ fn channel_body() -> (mpsc::Sender<Vec<u8>>, reqwest::Body) {
 /// Files the process holds open below `dir` (spill files are unlinked at once, so they
 /// show only here, as `<dir>/… (deleted)`).
 fn open_files_below(pid: u32, dir: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
     entries
         .flatten()
         .filter_map(|e| std::fs::read_link(e.path()).ok())
@@ -54,14 +58,24 @@ async fn request_body_of_exactly_the_limit_passes_and_one_more_byte_is_413() {
     let (backend, proxy) = serve(&["--buffer-requests", "--max-request-body=1000"]).await;
     let c = client();
     let data = pattern(1000);
-    let resp = c.post(proxy.url("/echo")).body(data.clone()).send().await.unwrap();
+    let resp = c
+        .post(proxy.url("/echo"))
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let echo: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(echo["body_len"], 1000);
     assert_eq!(echo["body_fnv"], fnv_hex(&data).as_str());
 
     let hits = backend.hits();
-    let resp = c.post(proxy.url("/echo")).body(pattern(1001)).send().await.unwrap();
+    let resp = c
+        .post(proxy.url("/echo"))
+        .body(pattern(1001))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 413);
     assert_eq!(resp.headers()["content-type"], HTML);
     let body = resp.text().await.unwrap();
@@ -79,7 +93,11 @@ async fn request_body_of_exactly_the_limit_passes_and_one_more_byte_is_413() {
     drop(tx);
     let resp = send.await.unwrap().unwrap();
     assert_eq!(resp.status(), 413);
-    assert_eq!(backend.hits(), hits, "an oversized body must never reach the app");
+    assert_eq!(
+        backend.hits(),
+        hits,
+        "an oversized body must never reach the app"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -93,16 +111,27 @@ async fn response_body_over_the_limit_is_500() {
     let resp = c.get(proxy.url("/bytes/1001")).send().await.unwrap();
     assert_eq!(resp.status(), 500);
     assert_eq!(resp.headers()["content-type"], HTML);
-    assert_eq!(resp.text().await.unwrap(), "<h1>500 Internal Server Error</h1>");
+    assert_eq!(
+        resp.text().await.unwrap(),
+        "<h1>500 Internal Server Error</h1>"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn buffered_response_waits_for_the_whole_body_and_gets_a_length() {
     let (_b, proxy) = serve(&["--buffer-responses"]).await;
     let started = Instant::now();
-    let resp = client().get(proxy.url("/drip?n=3&interval_ms=300")).send().await.unwrap();
+    let resp = client()
+        .get(proxy.url("/drip?n=3&interval_ms=300"))
+        .send()
+        .await
+        .unwrap();
     // Headers come only once the upstream finished (two 300 ms pauses).
-    assert!(started.elapsed() >= Duration::from_millis(600), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(resp.status(), 200);
     let expected = "data: event 0\n\ndata: event 1\n\ndata: event 2\n\n";
     assert_eq!(resp.content_length(), Some(expected.len() as u64));
@@ -110,7 +139,11 @@ async fn buffered_response_waits_for_the_whole_body_and_gets_a_length() {
 
     // Without buffering the same response streams, with no length.
     let (_b, plain) = serve(&[]).await;
-    let resp = client().get(plain.url("/drip?n=2&interval_ms=5000")).send().await.unwrap();
+    let resp = client()
+        .get(plain.url("/drip?n=2&interval_ms=5000"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.content_length(), None);
 }
 
@@ -122,7 +155,11 @@ async fn buffered_request_reaches_the_app_only_when_complete_with_a_length() {
     let send = tokio::spawn(client().post(proxy.url("/echo")).body(body).send());
     tx.send(data[..100_000].to_vec()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(backend.hits(), 0, "the app saw the request before its body was complete");
+    assert_eq!(
+        backend.hits(),
+        0,
+        "the app saw the request before its body was complete"
+    );
     tx.send(data[100_000..].to_vec()).await.unwrap();
     drop(tx);
     let resp = send.await.unwrap().unwrap();
@@ -130,7 +167,11 @@ async fn buffered_request_reaches_the_app_only_when_complete_with_a_length() {
     let echo: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(echo["body_len"], data.len());
     assert_eq!(echo["body_fnv"], fnv_hex(&data).as_str());
-    assert_eq!(echo["headers"]["content-length"], data.len().to_string().as_str(), "{echo}");
+    assert_eq!(
+        echo["headers"]["content-length"],
+        data.len().to_string().as_str(),
+        "{echo}"
+    );
     assert!(echo["headers"].get("transfer-encoding").is_none(), "{echo}");
 }
 
@@ -140,7 +181,11 @@ async fn request_body_past_buffer_memory_spills_to_a_temp_file() {
     let spill_dir = spill.path().canonicalize().unwrap();
     let backend = Backend::start("app").await;
     let proxy = Proxy::start_with(&[], &[("TMPDIR", spill_dir.to_str().unwrap())]);
-    proxy.deploy("app", &backend.target(), &["--buffer-requests", "--buffer-memory=1024"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &["--buffer-requests", "--buffer-memory=1024"],
+    );
     let pid = proxy.pid().unwrap();
 
     let data = pattern(1024 * 1024);
@@ -154,11 +199,22 @@ async fn request_body_past_buffer_memory_spills_to_a_temp_file() {
         if !files.is_empty() {
             break files;
         }
-        assert!(Instant::now() < deadline, "no spill file opened under {}", spill_dir.display());
+        assert!(
+            Instant::now() < deadline,
+            "no spill file opened under {}",
+            spill_dir.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert!(files.iter().all(|f| f.ends_with("(deleted)")), "spill files must be unlinked: {files:?}");
-    assert_eq!(std::fs::read_dir(&spill_dir).unwrap().count(), 0, "nothing left visible in TMPDIR");
+    assert!(
+        files.iter().all(|f| f.ends_with("(deleted)")),
+        "spill files must be unlinked: {files:?}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&spill_dir).unwrap().count(),
+        0,
+        "nothing left visible in TMPDIR"
+    );
     tx.send(data[512 * 1024..].to_vec()).await.unwrap();
     drop(tx);
 
@@ -170,7 +226,10 @@ async fn request_body_past_buffer_memory_spills_to_a_temp_file() {
     // The file goes away with the request.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !open_files_below(pid, &spill_dir).is_empty() {
-        assert!(Instant::now() < deadline, "spill file still open after the request");
+        assert!(
+            Instant::now() < deadline,
+            "spill file still open after the request"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -181,7 +240,11 @@ async fn request_body_within_buffer_memory_stays_in_memory() {
     let spill_dir = spill.path().canonicalize().unwrap();
     let backend = Backend::start("app").await;
     let proxy = Proxy::start_with(&[], &[("TMPDIR", spill_dir.to_str().unwrap())]);
-    proxy.deploy("app", &backend.target(), &["--buffer-requests", "--buffer-memory=4194304"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &["--buffer-requests", "--buffer-memory=4194304"],
+    );
     let pid = proxy.pid().unwrap();
 
     let data = pattern(2 * 1024 * 1024);
@@ -204,22 +267,43 @@ async fn unwritable_tmpdir_fails_only_bodies_that_spill() {
     let missing = tempfile::tempdir().unwrap().path().join("gone");
     let backend = Backend::start("app").await;
     let proxy = Proxy::start_with(&[], &[("TMPDIR", missing.to_str().unwrap())]);
-    proxy.deploy("app", &backend.target(), &["--buffer-requests", "--buffer-memory=1024"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &["--buffer-requests", "--buffer-memory=1024"],
+    );
     let c = client();
-    let resp = c.post(proxy.url("/echo")).body(pattern(1000)).send().await.unwrap();
+    let resp = c
+        .post(proxy.url("/echo"))
+        .body(pattern(1000))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
-    let resp = c.post(proxy.url("/echo")).body(pattern(64 * 1024)).send().await.unwrap();
+    let resp = c
+        .post(proxy.url("/echo"))
+        .body(pattern(64 * 1024))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 500);
     assert_eq!(resp.headers()["content-type"], HTML);
     let body = resp.text().await.unwrap();
-    assert!(!body.contains("gone") && !body.contains("No such file"), "internal detail leaked: {body}");
+    assert!(
+        !body.contains("gone") && !body.contains("No such file"),
+        "internal detail leaked: {body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_sent_events_bypass_response_buffering() {
     let (_b, proxy) = serve(&["--buffer-responses", "--max-response-body=10"]).await;
     let started = Instant::now();
-    let resp = client().get(proxy.url("/sse?n=2&interval_ms=5000")).send().await.unwrap();
+    let resp = client()
+        .get(proxy.url("/sse?n=2&interval_ms=5000"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let mut stream = resp.bytes_stream();
     let first = tokio::time::timeout(Duration::from_millis(2500), stream.next())
@@ -242,11 +326,15 @@ async fn websockets_work_with_buffering_on() {
     .await;
     use tokio_tungstenite::tungstenite::Message;
     let url = format!("ws://127.0.0.1:{}/ws", proxy.http_port);
-    let (mut ws, resp) = tokio_tungstenite::connect_async(url).await.expect("websocket handshake");
+    let (mut ws, resp) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("websocket handshake");
     assert_eq!(resp.status(), 101);
     let long = "a message longer than both body limits";
     ws.send(Message::text(long)).await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.expect("echo in time");
+    let got = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("echo in time");
     assert_eq!(got.unwrap().unwrap(), Message::text(long));
     ws.close(None).await.unwrap();
 }
@@ -263,7 +351,15 @@ async fn without_buffering_no_limits_apply() {
     .await;
     let c = client();
     let data = pattern(100_000);
-    let echo: serde_json::Value = c.post(proxy.url("/echo")).body(data.clone()).send().await.unwrap().json().await.unwrap();
+    let echo: serde_json::Value = c
+        .post(proxy.url("/echo"))
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(echo["body_len"], data.len());
     assert_eq!(echo["body_fnv"], fnv_hex(&data).as_str());
     let resp = c.get(proxy.url("/bytes/100000")).send().await.unwrap();
@@ -271,10 +367,26 @@ async fn without_buffering_no_limits_apply() {
     assert_eq!(resp.bytes().await.unwrap().len(), 100_000);
 
     // Without the buffering flag at all, the CLI refuses the limits.
-    let err = proxy.fails(&["deploy", "other", "--target=127.0.0.1:1", "--max-request-body=10"]);
-    assert!(err.contains("max-request-body can only be set when request buffering is enabled"), "{err}");
-    let err = proxy.fails(&["deploy", "other", "--target=127.0.0.1:1", "--max-response-body=10"]);
-    assert!(err.contains("max-response-body can only be set when response buffering is enabled"), "{err}");
+    let err = proxy.fails(&[
+        "deploy",
+        "other",
+        "--target=127.0.0.1:1",
+        "--max-request-body=10",
+    ]);
+    assert!(
+        err.contains("max-request-body can only be set when request buffering is enabled"),
+        "{err}"
+    );
+    let err = proxy.fails(&[
+        "deploy",
+        "other",
+        "--target=127.0.0.1:1",
+        "--max-response-body=10",
+    ]);
+    assert!(
+        err.contains("max-response-body can only be set when response buffering is enabled"),
+        "{err}"
+    );
 }
 
 const MALFORMED_CHUNKED: &[u8] =
@@ -297,7 +409,10 @@ async fn malformed_chunked_body_is_400_without_buffering() {
     assert_eq!(r.header("content-type"), Some(HTML));
     assert_eq!(r.text(), "<h1>400 Bad Request</h1>");
     assert!(
-        proxy.wait_for_log(|l| l.contains("\"msg\":\"Request\"") && l.contains("\"status\":400"), Duration::from_secs(10)),
+        proxy.wait_for_log(
+            |l| l.contains("\"msg\":\"Request\"") && l.contains("\"status\":400"),
+            Duration::from_secs(10)
+        ),
         "400 not logged: {}",
         proxy.logs().join("\n")
     );
@@ -308,14 +423,24 @@ async fn buffered_head_response_keeps_the_apps_length() {
     let (_b, proxy) = serve(&["--buffer-responses"]).await;
     let mut s = raw::connect(proxy.http_port).await;
     use tokio::io::AsyncWriteExt;
-    s.write_all(b"HEAD /bytes/100 HTTP/1.1\r\nHost: app.test\r\n\r\n").await.unwrap();
+    s.write_all(b"HEAD /bytes/100 HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .await
+        .unwrap();
     let mut reader = tokio::io::BufReader::new(s);
     let r = raw::read_response(&mut reader, true).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-length"), Some("100"));
-    let r = raw::send(proxy.http_port, b"GET /status/204 HTTP/1.1\r\nHost: app.test\r\n\r\n").await;
+    let r = raw::send(
+        proxy.http_port,
+        b"GET /status/204 HTTP/1.1\r\nHost: app.test\r\n\r\n",
+    )
+    .await;
     assert_eq!(r.status, 204);
-    assert!(r.header("content-length").is_none_or(|v| v == "0"), "{:?}", r.headers);
+    assert!(
+        r.header("content-length").is_none_or(|v| v == "0"),
+        "{:?}",
+        r.headers
+    );
 }
 
 /// Response spilling also goes through $TMPDIR: when it cannot be written, a response
@@ -325,21 +450,32 @@ async fn unwritable_tmpdir_fails_only_responses_that_spill() {
     let missing = tempfile::tempdir().unwrap().path().join("gone");
     let backend = Backend::start("app").await;
     let proxy = Proxy::start_with(&[], &[("TMPDIR", missing.to_str().unwrap())]);
-    proxy.deploy("app", &backend.target(), &["--buffer-responses", "--buffer-memory=1024"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &["--buffer-responses", "--buffer-memory=1024"],
+    );
     let c = client();
     let resp = c.get(proxy.url("/bytes/1000")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.bytes().await.unwrap().len(), 1000);
     let resp = c.get(proxy.url("/bytes/100000")).send().await.unwrap();
     assert_eq!(resp.status(), 500);
-    assert_eq!(resp.text().await.unwrap(), "<h1>500 Internal Server Error</h1>");
+    assert_eq!(
+        resp.text().await.unwrap(),
+        "<h1>500 Internal Server Error</h1>"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn buffered_response_spills_to_disk_and_arrives_intact() {
     let (_b, proxy) = serve(&["--buffer-responses", "--buffer-memory=1024"]).await;
     const N: usize = 3 * 1024 * 1024;
-    let resp = client().get(proxy.url(&format!("/bytes/{N}"))).send().await.unwrap();
+    let resp = client()
+        .get(proxy.url(&format!("/bytes/{N}")))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.content_length(), Some(N as u64));
     let body = resp.bytes().await.unwrap();

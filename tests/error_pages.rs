@@ -54,7 +54,11 @@ async fn built_in_pages() {
     let gone = Backend::start("gone").await;
     let stopped = Backend::start("stopped").await;
     let proxy = Proxy::start();
-    proxy.deploy("slow", &slow.target(), &["--host=slow.test", "--target-timeout=100ms"]);
+    proxy.deploy(
+        "slow",
+        &slow.target(),
+        &["--host=slow.test", "--target-timeout=100ms"],
+    );
     proxy.deploy("gone", &gone.target(), &["--host=gone.test"]);
     proxy.deploy("stopped", &stopped.target(), &["--host=stopped.test"]);
     stop_listening(&gone).await;
@@ -94,7 +98,10 @@ async fn built_in_pages() {
         let (got, ct, body) = get(proxy.url(path), Some(host)).await;
         assert_eq!(got, status, "{host}: {body}");
         assert_eq!(ct, HTML, "{host}");
-        assert!(body.contains(&format!("<title>{title}</title>")), "{host}: no title {title:?} in {body}");
+        assert!(
+            body.contains(&format!("<title>{title}</title>")),
+            "{host}: no title {title:?} in {body}"
+        );
         assert!(body.contains(text), "{host}: no text {text:?} in {body}");
     }
 }
@@ -104,25 +111,46 @@ async fn stop_message_replaces_the_built_in_text_escaped() {
     let backend = Backend::start("app").await;
     let proxy = Proxy::start();
     proxy.deploy("app", &backend.target(), &[]);
-    proxy.ok(&["stop", "app", "--drain-timeout=1s", "--message=Back <soon> & \"better\""]);
+    proxy.ok(&[
+        "stop",
+        "app",
+        "--drain-timeout=1s",
+        "--message=Back <soon> & \"better\"",
+    ]);
     let (status, ct, body) = get(proxy.url("/"), None).await;
     assert_eq!(status, 503);
     assert_eq!(ct, HTML);
-    assert!(body.contains("503 — Service Temporarily Unavailable"), "{body}");
-    assert!(body.contains("Back &lt;soon&gt; &amp; &#34;better&#34;"), "{body}");
+    assert!(
+        body.contains("503 — Service Temporarily Unavailable"),
+        "{body}"
+    );
+    assert!(
+        body.contains("Back &lt;soon&gt; &amp; &#34;better&#34;"),
+        "{body}"
+    );
     assert!(!body.contains("It may be overloaded"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn custom_templates_render_and_missing_ones_fall_back() {
     let dir = pages_dir(&[
-        ("503.html", "<html><body><h1>Custom</h1><p>{{ .Message }}</p></body></html>\n"),
-        ("504.html", "timeout[{{ .Message }}]{{ if .Message }} with message{{ else }} no message{{ end }}"),
+        (
+            "503.html",
+            "<html><body><h1>Custom</h1><p>{{ .Message }}</p></body></html>\n",
+        ),
+        (
+            "504.html",
+            "timeout[{{ .Message }}]{{ if .Message }} with message{{ else }} no message{{ end }}",
+        ),
         ("notes.txt", "not a template {{"),
     ]);
     let backend = Backend::start("app").await;
     let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), &[&arg("error-pages", dir.path()), "--target-timeout=100ms"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &[&arg("error-pages", dir.path()), "--target-timeout=100ms"],
+    );
 
     // A proxy-generated 504 uses the custom template, with no message.
     let (status, ct, body) = get(proxy.url("/slow?ms=3000"), None).await;
@@ -141,15 +169,26 @@ async fn custom_templates_render_and_missing_ones_fall_back() {
     assert_eq!(ct, HTML);
     assert!(body.contains("502 — Bad Gateway"), "{body}");
 
-    proxy.ok(&["stop", "app", "--drain-timeout=1s", "--message=Custom Maintenance"]);
+    proxy.ok(&[
+        "stop",
+        "app",
+        "--drain-timeout=1s",
+        "--message=Custom Maintenance",
+    ]);
     let (status, ct, body) = get(proxy.url("/"), None).await;
     assert_eq!(status, 503);
     assert_eq!(ct, HTML);
-    assert_eq!(body, "<html><body><h1>Custom</h1><p>Custom Maintenance</p></body></html>\n");
+    assert_eq!(
+        body,
+        "<html><body><h1>Custom</h1><p>Custom Maintenance</p></body></html>\n"
+    );
 
     proxy.ok(&["stop", "app", "--drain-timeout=1s", "--message=<b>&</b>"]);
     let (_, _, body) = get(proxy.url("/"), None).await;
-    assert_eq!(body, "<html><body><h1>Custom</h1><p>&lt;b&gt;&amp;&lt;/b&gt;</p></body></html>\n");
+    assert_eq!(
+        body,
+        "<html><body><h1>Custom</h1><p>&lt;b&gt;&amp;&lt;/b&gt;</p></body></html>\n"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -168,10 +207,17 @@ async fn templates_are_read_at_deploy_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unrouted_404_always_uses_the_built_in_page() {
-    let dir = pages_dir(&[("404.html", "custom not found"), ("503.html", "custom unavailable")]);
+    let dir = pages_dir(&[
+        ("404.html", "custom not found"),
+        ("503.html", "custom unavailable"),
+    ]);
     let backend = Backend::start("app").await;
     let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), &["--host=app.test", &arg("error-pages", dir.path())]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &["--host=app.test", &arg("error-pages", dir.path())],
+    );
     let (status, ct, body) = get(proxy.url("/"), Some("other.test")).await;
     assert_eq!(status, 404);
     assert_eq!(ct, HTML);
@@ -194,14 +240,34 @@ async fn unloadable_error_pages_fail_the_deploy_and_change_nothing() {
     let only_text = pages_dir(&[("503.txt", "not html")]);
     let unparseable = pages_dir(&[("503.html", "broken {{ .Message ")]);
     let missing = empty.path().join("missing");
-    for dir in [empty.path(), only_text.path(), unparseable.path(), missing.as_path()] {
+    for dir in [
+        empty.path(),
+        only_text.path(),
+        unparseable.path(),
+        missing.as_path(),
+    ] {
         let pages = arg("error-pages", dir);
         let t = format!("--target={}", two.target());
         let err = proxy.fails(&["deploy", "app", &t, "--deploy-timeout=5s", &pages]);
-        assert!(err.contains("Error: unable to load error pages"), "{}: {err}", dir.display());
+        assert!(
+            err.contains("Error: unable to load error pages"),
+            "{}: {err}",
+            dir.display()
+        );
         // A new service is not created either.
-        let err = proxy.fails(&["deploy", "fresh", &t, "--host=fresh.test", "--deploy-timeout=5s", &pages]);
-        assert!(err.contains("Error: unable to load error pages"), "{}: {err}", dir.display());
+        let err = proxy.fails(&[
+            "deploy",
+            "fresh",
+            &t,
+            "--host=fresh.test",
+            "--deploy-timeout=5s",
+            &pages,
+        ]);
+        assert!(
+            err.contains("Error: unable to load error pages"),
+            "{}: {err}",
+            dir.display()
+        );
     }
 
     assert_eq!(proxy.ok(&["list"]), before_list);
@@ -214,7 +280,10 @@ async fn unloadable_error_pages_fail_the_deploy_and_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn buffering_errors_use_custom_templates_too() {
-    let dir = pages_dir(&[("413.html", "custom too large"), ("500.html", "custom internal error")]);
+    let dir = pages_dir(&[
+        ("413.html", "custom too large"),
+        ("500.html", "custom internal error"),
+    ]);
     let backend = Backend::start("app").await;
     let proxy = Proxy::start();
     proxy.deploy(
@@ -228,7 +297,12 @@ async fn buffering_errors_use_custom_templates_too() {
             "--max-response-body=10",
         ],
     );
-    let resp = client().post(proxy.url("/echo")).body(vec![0u8; 11]).send().await.unwrap();
+    let resp = client()
+        .post(proxy.url("/echo"))
+        .body(vec![0u8; 11])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 413);
     assert_eq!(resp.headers()["content-type"], HTML);
     assert_eq!(resp.text().await.unwrap(), "custom too large");

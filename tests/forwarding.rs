@@ -19,13 +19,21 @@ async fn serve(extra: &[&str]) -> (Backend, Proxy) {
 }
 
 /// Waits until `pred` holds for an access-log line, or fails with the logs.
-fn wait_access(proxy: &Proxy, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+fn wait_access(
+    proxy: &Proxy,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(line) = proxy.access_log().into_iter().find(|l| pred(l)) {
             return line;
         }
-        assert!(Instant::now() < deadline, "no access-log line {what}; logs:\n{}", proxy.logs().join("\n"));
+        assert!(
+            Instant::now() < deadline,
+            "no access-log line {what}; logs:\n{}",
+            proxy.logs().join("\n")
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -60,7 +68,10 @@ X-App: kept\r\n\r\n",
         "upgrade",
         "via",
     ] {
-        assert!(!headers.contains_key(gone), "{gone} reached the upstream: {echo}");
+        assert!(
+            !headers.contains_key(gone),
+            "{gone} reached the upstream: {echo}"
+        );
     }
     assert_eq!(header(&echo, "x-app"), Some("kept"));
 }
@@ -68,7 +79,11 @@ X-App: kept\r\n\r\n",
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn te_trailers_is_kept_and_no_user_agent_is_invented() {
     let (_b, proxy) = serve(&[]).await;
-    let r = raw::send(proxy.http_port, b"GET /echo HTTP/1.1\r\nHost: app.test\r\nTE: trailers, gzip\r\n\r\n").await;
+    let r = raw::send(
+        proxy.http_port,
+        b"GET /echo HTTP/1.1\r\nHost: app.test\r\nTE: trailers, gzip\r\n\r\n",
+    )
+    .await;
     let echo = r.json();
     assert_eq!(header(&echo, "te"), Some("trailers"), "{echo}");
     assert_eq!(header(&echo, "user-agent"), None, "{echo}");
@@ -81,17 +96,39 @@ async fn hop_by_hop_response_headers_are_removed() {
 proxy-connection=keep-alive&x-app=kept HTTP/1.1\r\nHost: app.test\r\n\r\n";
     // The app really sends them...
     let direct = raw::send(b.addr.port(), request).await;
-    for sent in ["x-secret", "keep-alive", "proxy-authenticate", "proxy-connection"] {
-        assert!(direct.has_header(sent), "backend did not send {sent}: {:?}", direct.headers);
+    for sent in [
+        "x-secret",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-connection",
+    ] {
+        assert!(
+            direct.has_header(sent),
+            "backend did not send {sent}: {:?}",
+            direct.headers
+        );
     }
     // ...and the proxy drops them.
     let r = raw::send(proxy.http_port, request).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    for gone in ["x-secret", "keep-alive", "proxy-authenticate", "proxy-connection", "via"] {
-        assert!(!r.has_header(gone), "{gone} reached the client: {:?}", r.headers);
+    for gone in [
+        "x-secret",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-connection",
+        "via",
+    ] {
+        assert!(
+            !r.has_header(gone),
+            "{gone} reached the client: {:?}",
+            r.headers
+        );
     }
     if let Some(c) = r.header("connection") {
-        assert!(!c.to_ascii_lowercase().contains("x-secret"), "Connection: {c}");
+        assert!(
+            !c.to_ascii_lowercase().contains("x-secret"),
+            "Connection: {c}"
+        );
     }
     assert_eq!(r.header("x-app"), Some("kept"));
     assert_eq!(r.text(), "headers");
@@ -108,7 +145,11 @@ Forwarded: for=9.9.9.9\r\n\r\n",
     )
     .await;
     let echo = r.json();
-    assert_eq!(header(&echo, "x-forwarded-for"), Some("1.2.3.4, 5.6.7.8, 127.0.0.1"), "{echo}");
+    assert_eq!(
+        header(&echo, "x-forwarded-for"),
+        Some("1.2.3.4, 5.6.7.8, 127.0.0.1"),
+        "{echo}"
+    );
     assert_eq!(header(&echo, "x-forwarded-proto"), Some("https"));
     assert_eq!(header(&echo, "x-forwarded-host"), Some("orig.test"));
     assert_eq!(header(&echo, "forwarded"), None);
@@ -117,9 +158,17 @@ Forwarded: for=9.9.9.9\r\n\r\n",
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forwarded_headers_are_computed_when_the_client_sends_none() {
     let (_b, proxy) = serve(&[]).await;
-    let r = raw::send(proxy.http_port, b"GET /echo HTTP/1.1\r\nHost: app.test:8080\r\n\r\n").await;
+    let r = raw::send(
+        proxy.http_port,
+        b"GET /echo HTTP/1.1\r\nHost: app.test:8080\r\n\r\n",
+    )
+    .await;
     let echo = r.json();
-    assert_eq!(header(&echo, "x-forwarded-for"), Some("127.0.0.1"), "{echo}");
+    assert_eq!(
+        header(&echo, "x-forwarded-for"),
+        Some("127.0.0.1"),
+        "{echo}"
+    );
     assert_eq!(header(&echo, "x-forwarded-proto"), Some("http"));
     assert_eq!(header(&echo, "x-forwarded-host"), Some("app.test:8080"));
 }
@@ -134,7 +183,11 @@ X-Forwarded-Proto: https\r\nX-Forwarded-Host: orig.test\r\nForwarded: for=9.9.9.
     )
     .await;
     let echo = r.json();
-    assert_eq!(header(&echo, "x-forwarded-for"), Some("127.0.0.1"), "{echo}");
+    assert_eq!(
+        header(&echo, "x-forwarded-for"),
+        Some("127.0.0.1"),
+        "{echo}"
+    );
     assert_eq!(header(&echo, "x-forwarded-proto"), Some("http"));
     assert_eq!(header(&echo, "x-forwarded-host"), Some("app.test:8080"));
     assert_eq!(header(&echo, "forwarded"), None);
@@ -143,7 +196,10 @@ X-Forwarded-Proto: https\r\nX-Forwarded-Host: orig.test\r\nForwarded: for=9.9.9.
 fn is_uuid_v4(s: &str) -> bool {
     let parts: Vec<&str> = s.split('-').collect();
     parts.iter().map(|p| p.len()).collect::<Vec<_>>() == [8, 4, 4, 4, 12]
-        && parts.iter().all(|p| p.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()))
+        && parts.iter().all(|p| {
+            p.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        })
         && parts[2].starts_with('4')
         && matches!(parts[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b')
 }
@@ -152,14 +208,42 @@ fn is_uuid_v4(s: &str) -> bool {
 async fn request_id_is_generated_when_absent_and_kept_when_present() {
     let (_b, proxy) = serve(&[]).await;
     let c = client();
-    let echo: serde_json::Value = c.get(proxy.url("/echo?first")).send().await.unwrap().json().await.unwrap();
-    let id = header(&echo, "x-request-id").expect("x-request-id").to_string();
+    let echo: serde_json::Value = c
+        .get(proxy.url("/echo?first"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = header(&echo, "x-request-id")
+        .expect("x-request-id")
+        .to_string();
     assert!(is_uuid_v4(&id), "not a UUIDv4: {id}");
-    let again: serde_json::Value = c.get(proxy.url("/echo?second")).send().await.unwrap().json().await.unwrap();
-    assert_ne!(header(&again, "x-request-id"), Some(id.as_str()), "ids must differ per request");
+    let again: serde_json::Value = c
+        .get(proxy.url("/echo?second"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(
+        header(&again, "x-request-id"),
+        Some(id.as_str()),
+        "ids must differ per request"
+    );
 
-    let resp = c.get(proxy.url("/echo?kept")).header("X-Request-ID", "1234").send().await.unwrap();
-    assert!(resp.headers().get("x-request-id").is_none(), "not added to the response");
+    let resp = c
+        .get(proxy.url("/echo?kept"))
+        .header("X-Request-ID", "1234")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        resp.headers().get("x-request-id").is_none(),
+        "not added to the response"
+    );
     let echo: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(header(&echo, "x-request-id"), Some("1234"));
 
@@ -174,19 +258,41 @@ async fn request_id_is_generated_when_absent_and_kept_when_present() {
 async fn request_start_is_stamped_when_absent_and_kept_when_present() {
     let (_b, proxy) = serve(&[]).await;
     let c = client();
-    let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    };
     let before = now_ms();
-    let echo: serde_json::Value = c.get(proxy.url("/echo")).send().await.unwrap().json().await.unwrap();
+    let echo: serde_json::Value = c
+        .get(proxy.url("/echo"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let after = now_ms();
     let stamp = header(&echo, "x-request-start").expect("x-request-start");
     let ms: u128 = stamp
         .strip_prefix("t=")
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("bad X-Request-Start {stamp}"));
-    assert!(ms + 1000 >= before && ms <= after + 1000, "{ms} not within [{before}, {after}]");
+    assert!(
+        ms + 1000 >= before && ms <= after + 1000,
+        "{ms} not within [{before}, {after}]"
+    );
 
-    let echo: serde_json::Value =
-        c.get(proxy.url("/echo")).header("X-Request-Start", "t=1234").send().await.unwrap().json().await.unwrap();
+    let echo: serde_json::Value = c
+        .get(proxy.url("/echo"))
+        .header("X-Request-Start", "t=1234")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(header(&echo, "x-request-start"), Some("t=1234"));
 }
 
@@ -195,25 +301,62 @@ async fn kamal_target_names_the_chosen_target() {
     let backend = Backend::start("app").await;
     let proxy = Proxy::start();
     proxy.deploy("app", &backend.target(), &[]);
-    proxy.deploy("strict", &backend.target(), &["--host=strict.test", "--forward-headers=false"]);
+    proxy.deploy(
+        "strict",
+        &backend.target(),
+        &["--host=strict.test", "--forward-headers=false"],
+    );
     let target = backend.target();
     let c = client();
 
-    let echo: serde_json::Value = c.get(proxy.url("/echo")).send().await.unwrap().json().await.unwrap();
+    let echo: serde_json::Value = c
+        .get(proxy.url("/echo"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(header(&echo, "x-kamal-target"), Some(target.as_str()));
 
-    let echo: serde_json::Value =
-        c.get(proxy.url("/echo")).header("X-Kamal-Target", "edge:1").send().await.unwrap().json().await.unwrap();
-    assert_eq!(header(&echo, "x-kamal-target"), Some(format!("edge:1, {target}").as_str()));
+    let echo: serde_json::Value = c
+        .get(proxy.url("/echo"))
+        .header("X-Kamal-Target", "edge:1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&echo, "x-kamal-target"),
+        Some(format!("edge:1, {target}").as_str())
+    );
 
-    let r = raw::send(proxy.http_port, b"GET /echo HTTP/1.1\r\nHost: strict.test\r\nX-Kamal-Target: edge:1\r\n\r\n").await;
+    let r = raw::send(
+        proxy.http_port,
+        b"GET /echo HTTP/1.1\r\nHost: app.test\r\nX-Kamal-Target: a:1\r\nX-Kamal-Target: b:2\r\n\r\n",
+    )
+    .await;
+    let expected = format!("a:1, b:2, {target}");
+    assert_eq!(header(&r.json(), "x-kamal-target"), Some(expected.as_str()));
+
+    let r = raw::send(
+        proxy.http_port,
+        b"GET /echo HTTP/1.1\r\nHost: strict.test\r\nX-Kamal-Target: edge:1\r\n\r\n",
+    )
+    .await;
     assert_eq!(header(&r.json(), "x-kamal-target"), Some(target.as_str()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn host_header_is_preserved() {
     let (b, proxy) = serve(&[]).await;
-    let r = raw::send(proxy.http_port, b"GET /echo HTTP/1.1\r\nHost: Myapp.Example:1234\r\n\r\n").await;
+    let r = raw::send(
+        proxy.http_port,
+        b"GET /echo HTTP/1.1\r\nHost: Myapp.Example:1234\r\n\r\n",
+    )
+    .await;
     let echo = r.json();
     assert_eq!(header(&echo, "host"), Some("Myapp.Example:1234"), "{echo}");
     assert_ne!(header(&echo, "host"), Some(b.target().as_str()));
@@ -222,7 +365,11 @@ async fn host_header_is_preserved() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn query_string_is_forwarded_verbatim() {
     let (_b, proxy) = serve(&[]).await;
-    let r = raw::send(proxy.http_port, b"GET /echo?p1=a;b;c&p2=%x&p3=%20+&&p4 HTTP/1.1\r\nHost: app.test\r\n\r\n").await;
+    let r = raw::send(
+        proxy.http_port,
+        b"GET /echo?p1=a;b;c&p2=%x&p3=%20+&&p4 HTTP/1.1\r\nHost: app.test\r\n\r\n",
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let echo = r.json();
     assert_eq!(echo["uri"], "/echo?p1=a;b;c&p2=%x&p3=%20+&&p4", "{echo}");
@@ -233,12 +380,20 @@ async fn query_string_is_forwarded_verbatim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chunked_request_body_arrives_byte_identical() {
     let (_b, proxy) = serve(&[]).await;
-    let data: Vec<u8> = (0..5 * 1024 * 1024u32).map(|i| (i.wrapping_mul(7) % 251) as u8).collect();
+    let data: Vec<u8> = (0..5 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(7) % 251) as u8)
+        .collect();
     let expected = format!("{:016x}", fnv1a(&data));
     // Uneven pieces, sent as a stream of unknown length: chunked on the wire.
-    let pieces: Vec<Result<Vec<u8>, std::io::Error>> = data.chunks(65_521).map(|c| Ok(c.to_vec())).collect();
+    let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
+        data.chunks(65_521).map(|c| Ok(c.to_vec())).collect();
     let body = reqwest::Body::wrap_stream(futures_util::stream::iter(pieces));
-    let resp = client().post(proxy.url("/echo")).body(body).send().await.unwrap();
+    let resp = client()
+        .post(proxy.url("/echo"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let echo: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(echo["method"], "POST");
@@ -250,7 +405,11 @@ async fn chunked_request_body_arrives_byte_identical() {
 async fn large_response_arrives_complete() {
     let (_b, proxy) = serve(&[]).await;
     const N: usize = 20 * 1024 * 1024;
-    let resp = client().get(proxy.url(&format!("/bytes/{N}"))).send().await.unwrap();
+    let resp = client()
+        .get(proxy.url(&format!("/bytes/{N}")))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.content_length(), Some(N as u64));
     let mut stream = resp.bytes_stream();
@@ -276,16 +435,22 @@ async fn upstream_connections_are_reused() {
         assert_eq!(resp.text().await.unwrap(), "app");
     }
     let opened = backend.connections() - before;
-    assert!(opened <= 5, "50 sequential requests opened {opened} upstream connections");
+    assert!(
+        opened <= 5,
+        "50 sequential requests opened {opened} upstream connections"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn target_timeout_answers_504_page() {
     let (_b, proxy) = serve(&["--target-timeout=200ms"]).await;
-    let started = Instant::now();
-    let resp = client().get(proxy.url("/slow?ms=3000")).send().await.unwrap();
+    let resp = client()
+        .get(proxy.url("/slow?ms=3000"))
+        .send()
+        .await
+        .unwrap();
+    // The app would have answered 200 after 3 s: a 504 means the proxy gave up first.
     assert_eq!(resp.status(), 504);
-    assert!(started.elapsed() < Duration::from_millis(2500), "took {:?}", started.elapsed());
     assert_eq!(resp.headers()["content-type"], "text/html; charset=utf-8");
     assert!(resp.text().await.unwrap().contains("504 — Gateway Timeout"));
     // Not a limit on the body: a fast response is unaffected.
@@ -313,8 +478,14 @@ async fn unreachable_target_answers_502_page() {
     assert_eq!(resp.headers()["content-type"], "text/html; charset=utf-8");
     let body = resp.text().await.unwrap();
     assert!(body.contains("502 — Bad Gateway"), "{body}");
-    assert!(!body.contains(&backend.target()), "the page must not leak the target: {body}");
-    assert!(proxy.wait_for_log(|l| l.contains("Error while proxying"), Duration::from_secs(5)));
+    assert!(
+        !body.contains(&backend.target()),
+        "the page must not leak the target: {body}"
+    );
+    assert!(proxy.wait_for_log(
+        |l| l.contains("Error while proxying"),
+        Duration::from_secs(5)
+    ));
 }
 
 /// A forced deploy installs a target that never became healthy: upstream routes nothing
@@ -327,16 +498,29 @@ async fn forced_deploy_to_a_closed_port_answers_503_page() {
     let resp = client().get(proxy.url("/")).send().await.unwrap();
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["content-type"], "text/html; charset=utf-8");
-    assert!(resp.text().await.unwrap().contains("503 — Service Temporarily Unavailable"));
+    assert!(
+        resp.text()
+            .await
+            .unwrap()
+            .contains("503 — Service Temporarily Unavailable")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_error_responses_pass_through() {
     let (_b, proxy) = serve(&[]).await;
     for code in [500u16, 502, 503, 404] {
-        let resp = client().get(proxy.url(&format!("/status/{code}"))).send().await.unwrap();
+        let resp = client()
+            .get(proxy.url(&format!("/status/{code}")))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status().as_u16(), code);
-        assert!(resp.headers().get("content-type").is_none_or(|v| v != "text/html; charset=utf-8"));
+        assert!(
+            resp.headers()
+                .get("content-type")
+                .is_none_or(|v| v != "text/html; charset=utf-8")
+        );
         assert_eq!(resp.text().await.unwrap(), format!("status {code}"));
     }
 }
@@ -345,10 +529,15 @@ async fn upstream_error_responses_pass_through() {
 async fn client_disconnect_cancels_the_upstream_request() {
     let (backend, proxy) = serve(&[]).await;
     let mut s = raw::connect(proxy.http_port).await;
-    s.write_all(b"GET /slow?ms=20000 HTTP/1.1\r\nHost: app.test\r\n\r\n").await.unwrap();
+    s.write_all(b"GET /slow?ms=20000 HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while backend.hits() == 0 {
-        assert!(Instant::now() < deadline, "request never reached the backend");
+        assert!(
+            Instant::now() < deadline,
+            "request never reached the backend"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -358,7 +547,10 @@ async fn client_disconnect_cancels_the_upstream_request() {
     assert_eq!(line["status"], 499, "{line}");
     assert_eq!(line["service"], "app");
     while backend.slow_cancelled() == 0 {
-        assert!(Instant::now() < deadline, "upstream request was not cancelled");
+        assert!(
+            Instant::now() < deadline,
+            "upstream request was not cancelled"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -367,16 +559,24 @@ async fn client_disconnect_cancels_the_upstream_request() {
 async fn websocket_echo_through_the_proxy() {
     let (_b, proxy) = serve(&[]).await;
     let url = format!("ws://127.0.0.1:{}/ws", proxy.http_port);
-    let (mut ws, resp) = tokio_tungstenite::connect_async(url).await.expect("websocket handshake");
+    let (mut ws, resp) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("websocket handshake");
     assert_eq!(resp.status(), 101);
     use tokio_tungstenite::tungstenite::Message;
     for text in ["hello", "second message"] {
         ws.send(Message::text(text)).await.unwrap();
-        let got = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.expect("echo in time");
+        let got = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("echo in time");
         assert_eq!(got.unwrap().unwrap(), Message::text(text));
     }
-    ws.send(Message::binary(vec![0u8, 1, 2, 255])).await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(10), ws.next()).await.expect("echo in time");
+    ws.send(Message::binary(vec![0u8, 1, 2, 255]))
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("echo in time");
     assert_eq!(got.unwrap().unwrap(), Message::binary(vec![0u8, 1, 2, 255]));
     ws.close(None).await.unwrap();
     drop(ws);
@@ -389,7 +589,11 @@ async fn server_sent_events_arrive_while_the_stream_is_open() {
     let (_b, proxy) = serve(&[]).await;
     let started = Instant::now();
     // The second event comes 5 s after the first; the first must not wait for it.
-    let resp = client().get(proxy.url("/sse?n=2&interval_ms=5000")).send().await.unwrap();
+    let resp = client()
+        .get(proxy.url("/sse?n=2&interval_ms=5000"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut stream = resp.bytes_stream();
@@ -406,15 +610,25 @@ async fn server_sent_events_arrive_while_the_stream_is_open() {
 async fn http10_client_is_served() {
     let (_b, proxy) = serve(&[]).await;
     let mut s = raw::connect(proxy.http_port).await;
-    s.write_all(b"GET /echo HTTP/1.0\r\nHost: app.test\r\n\r\n").await.unwrap();
+    s.write_all(b"GET /echo HTTP/1.0\r\nHost: app.test\r\n\r\n")
+        .await
+        .unwrap();
     let mut all = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all))
         .await
         .expect("HTTP/1.0 response ends with the connection")
         .unwrap();
     let text = String::from_utf8_lossy(&all);
-    assert!(text.starts_with("HTTP/1.0 200 ") || text.starts_with("HTTP/1.1 200 "), "{text}");
-    assert!(!text.to_ascii_lowercase().contains("transfer-encoding: chunked"), "{text}");
+    assert!(
+        text.starts_with("HTTP/1.0 200 ") || text.starts_with("HTTP/1.1 200 "),
+        "{text}"
+    );
+    assert!(
+        !text
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "{text}"
+    );
     let body = text.split_once("\r\n\r\n").unwrap().1;
     let echo: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(echo["method"], "GET");
@@ -429,7 +643,9 @@ async fn http10_backend() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>)
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         loop {
-            let Ok((mut stream, _)) = listener.accept().await else { continue };
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
             tokio::spawn(async move {
                 let mut head = Vec::new();
                 let mut buf = [0u8; 1024];
@@ -455,18 +671,30 @@ async fn an_http10_upstream_is_answered_in_our_own_version() {
     let proxy = Proxy::start();
     proxy.deploy("app", &addr.to_string(), &[]);
     let mut s = raw::connect(proxy.http_port).await;
-    s.write_all(b"GET / HTTP/1.1\r\nHost: app.test\r\n\r\n").await.unwrap();
-    let mut reader = tokio::io::BufReader::new(s);
-    let r = tokio::time::timeout(Duration::from_secs(10), raw::read_response(&mut reader, false))
+    s.write_all(b"GET / HTTP/1.1\r\nHost: app.test\r\n\r\n")
         .await
-        .expect("response");
+        .unwrap();
+    let mut reader = tokio::io::BufReader::new(s);
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        raw::read_response(&mut reader, false),
+    )
+    .await
+    .expect("response");
     assert_eq!(r.status_line, "HTTP/1.1 200 OK");
     assert_eq!(r.text(), "old ok");
     // Still HTTP/1.1 keep-alive: a second request on the same connection works.
-    reader.get_mut().write_all(b"GET /again HTTP/1.1\r\nHost: app.test\r\n\r\n").await.unwrap();
-    let r = tokio::time::timeout(Duration::from_secs(10), raw::read_response(&mut reader, false))
+    reader
+        .get_mut()
+        .write_all(b"GET /again HTTP/1.1\r\nHost: app.test\r\n\r\n")
         .await
-        .expect("second response");
+        .unwrap();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        raw::read_response(&mut reader, false),
+    )
+    .await
+    .expect("second response");
     assert_eq!(r.status_line, "HTTP/1.1 200 OK");
     assert_eq!(r.text(), "old ok");
     task.abort();
@@ -482,18 +710,27 @@ async fn scripted(answer: &'static [u8]) -> (Proxy, tokio::task::JoinHandle<()>)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_dying_mid_body_aborts_the_client_response() {
     // Declared 100 bytes, sent 10.
-    let (proxy, task) =
-        scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nContent-Type: text/plain\r\n\r\n0123456789").await;
+    let (proxy, task) = scripted(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nContent-Type: text/plain\r\n\r\n0123456789",
+    )
+    .await;
     let resp = client().get(proxy.url("/")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    assert!(resp.bytes().await.is_err(), "a truncated body must not look complete");
+    assert!(
+        resp.bytes().await.is_err(),
+        "a truncated body must not look complete"
+    );
     task.abort();
 
     // Chunked, without the last chunk: the client must not get a clean end of stream.
-    let (proxy, task) = scripted(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n").await;
+    let (proxy, task) =
+        scripted(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n").await;
     let resp = client().get(proxy.url("/")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    assert!(resp.bytes().await.is_err(), "a truncated chunked body must not look complete");
+    assert!(
+        resp.bytes().await.is_err(),
+        "a truncated chunked body must not look complete"
+    );
     task.abort();
 }
 
@@ -520,16 +757,25 @@ Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n
 async fn head_keeps_the_upstream_length_and_sends_no_body() {
     let (_b, proxy) = serve(&[]).await;
     let mut s = raw::connect(proxy.http_port).await;
-    s.write_all(b"HEAD /bytes/100 HTTP/1.1\r\nHost: app.test\r\n\r\n").await.unwrap();
+    s.write_all(b"HEAD /bytes/100 HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .await
+        .unwrap();
     let mut reader = tokio::io::BufReader::new(s);
     let r = raw::read_response(&mut reader, true).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-length"), Some("100"));
     // The connection is still usable: no stray body bytes were sent.
-    reader.get_mut().write_all(b"GET /status/201 HTTP/1.1\r\nHost: app.test\r\n\r\n").await.unwrap();
-    let r = tokio::time::timeout(Duration::from_secs(10), raw::read_response(&mut reader, false))
+    reader
+        .get_mut()
+        .write_all(b"GET /status/201 HTTP/1.1\r\nHost: app.test\r\n\r\n")
         .await
         .unwrap();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        raw::read_response(&mut reader, false),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 201);
     assert_eq!(r.text(), "status 201");
 }
@@ -542,14 +788,20 @@ async fn expect_100_continue_is_honoured() {
         .await
         .unwrap();
     let mut reader = tokio::io::BufReader::new(s);
-    let interim = tokio::time::timeout(Duration::from_secs(5), raw::read_response(&mut reader, false))
-        .await
-        .expect("100 Continue before the body is sent");
+    let interim = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw::read_response(&mut reader, false),
+    )
+    .await
+    .expect("100 Continue before the body is sent");
     assert_eq!(interim.status, 100);
     reader.get_mut().write_all(b"hello").await.unwrap();
-    let r = tokio::time::timeout(Duration::from_secs(10), raw::read_response(&mut reader, false))
-        .await
-        .unwrap();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        raw::read_response(&mut reader, false),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["body_len"], 5);
 }
@@ -559,13 +811,23 @@ async fn request_body_streams_to_the_app_before_it_is_complete() {
     let (backend, proxy) = serve(&[]).await;
     let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|chunk| (Ok::<_, std::io::Error>(chunk), rx))
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, std::io::Error>(chunk), rx))
     });
-    let send = tokio::spawn(client().post(proxy.url("/echo")).body(reqwest::Body::wrap_stream(stream)).send());
+    let send = tokio::spawn(
+        client()
+            .post(proxy.url("/echo"))
+            .body(reqwest::Body::wrap_stream(stream))
+            .send(),
+    );
     tx.send(vec![1u8; 1000]).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while backend.hits() == 0 {
-        assert!(Instant::now() < deadline, "the app did not see the request while its body was open");
+        assert!(
+            Instant::now() < deadline,
+            "the app did not see the request while its body was open"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tx.send(vec![2u8; 1000]).await.unwrap();
@@ -578,7 +840,11 @@ async fn request_body_streams_to_the_app_before_it_is_complete() {
 async fn unknown_length_responses_stream_as_they_come() {
     let (_b, proxy) = serve(&[]).await;
     let started = Instant::now();
-    let resp = client().get(proxy.url("/drip?n=2&interval_ms=5000")).send().await.unwrap();
+    let resp = client()
+        .get(proxy.url("/drip?n=2&interval_ms=5000"))
+        .send()
+        .await
+        .unwrap();
     let mut stream = resp.bytes_stream();
     let first = tokio::time::timeout(Duration::from_millis(2500), stream.next())
         .await
@@ -592,9 +858,16 @@ async fn unknown_length_responses_stream_as_they_come() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn target_timeout_does_not_limit_the_body() {
     let (_b, proxy) = serve(&["--target-timeout=200ms"]).await;
-    let resp = client().get(proxy.url("/drip?n=3&interval_ms=300")).send().await.unwrap();
+    let resp = client()
+        .get(proxy.url("/drip?n=3&interval_ms=300"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.text().await.unwrap(), "data: event 0\n\ndata: event 1\n\ndata: event 2\n\n");
+    assert_eq!(
+        resp.text().await.unwrap(),
+        "data: event 0\n\ndata: event 1\n\ndata: event 2\n\n"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -603,10 +876,17 @@ async fn http10_request_without_host_reaches_the_catch_all_service() {
     let mut s = raw::connect(proxy.http_port).await;
     s.write_all(b"GET /echo HTTP/1.0\r\n\r\n").await.unwrap();
     let mut all = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all)).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all))
+        .await
+        .unwrap()
+        .unwrap();
     let text = String::from_utf8_lossy(&all);
-    assert!(text.starts_with("HTTP/1.0 200 ") || text.starts_with("HTTP/1.1 200 "), "{text}");
-    let echo: serde_json::Value = serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert!(
+        text.starts_with("HTTP/1.0 200 ") || text.starts_with("HTTP/1.1 200 "),
+        "{text}"
+    );
+    let echo: serde_json::Value =
+        serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap();
     assert_eq!(echo["headers"]["host"], b.target().as_str());
 }
 
@@ -615,11 +895,22 @@ async fn http10_request_without_host_reaches_the_catch_all_service() {
 async fn client_ip_header_replaces_x_forwarded_for() {
     let backend = Backend::start("app").await;
     let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), &["--host=trusting.test", "--client-ip-header=CF-Connecting-IP"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &[
+            "--host=trusting.test",
+            "--client-ip-header=CF-Connecting-IP",
+        ],
+    );
     proxy.deploy(
         "strict",
         &backend.target(),
-        &["--host=strict.test", "--client-ip-header=CF-Connecting-IP", "--forward-headers=false"],
+        &[
+            "--host=strict.test",
+            "--client-ip-header=CF-Connecting-IP",
+            "--forward-headers=false",
+        ],
     );
     let r = raw::send(
         proxy.http_port,
@@ -627,7 +918,11 @@ async fn client_ip_header_replaces_x_forwarded_for() {
     )
     .await;
     let echo = r.json();
-    assert_eq!(header(&echo, "x-forwarded-for"), Some("9.9.9.9, 127.0.0.1"), "{echo}");
+    assert_eq!(
+        header(&echo, "x-forwarded-for"),
+        Some("9.9.9.9, 127.0.0.1"),
+        "{echo}"
+    );
     assert_eq!(header(&echo, "cf-connecting-ip"), Some("9.9.9.9"));
     let line = wait_access(&proxy, "for ?trusting", |l| l["query"] == "trusting");
     assert_eq!(line["remote_addr"], "9.9.9.9");
@@ -638,7 +933,52 @@ async fn client_ip_header_replaces_x_forwarded_for() {
     )
     .await;
     let echo = r.json();
-    assert_eq!(header(&echo, "x-forwarded-for"), Some("127.0.0.1"), "{echo}");
+    assert_eq!(
+        header(&echo, "x-forwarded-for"),
+        Some("127.0.0.1"),
+        "{echo}"
+    );
     let line = wait_access(&proxy, "for ?strict", |l| l["query"] == "strict");
     assert_eq!(line["remote_addr"], "9.9.9.9");
+}
+
+/// `--target-timeout` waits for the response headers once the request is sent: a slow
+/// upload is not cut short by it (Go's `ResponseHeaderTimeout`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn target_timeout_does_not_limit_a_slow_upload() {
+    let (_b, proxy) = serve(&["--target-timeout=300ms"]).await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, std::io::Error>(chunk), rx))
+    });
+    let send = tokio::spawn(
+        client()
+            .post(proxy.url("/echo"))
+            .body(reqwest::Body::wrap_stream(stream))
+            .send(),
+    );
+    for i in 0..4u8 {
+        tx.send(vec![i; 1000]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    drop(tx);
+    let resp = send.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let echo: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(echo["body_len"], 4000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_websocket_upgrade_passes_the_apps_answer_through() {
+    let (_b, proxy) = serve(&[]).await;
+    // No Sec-WebSocket-Key: the app refuses with its own 400.
+    let r = raw::send(
+        proxy.http_port,
+        b"GET /ws HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.text(), "not a websocket request");
 }

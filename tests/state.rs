@@ -539,3 +539,47 @@ async fn in_flight_request_finishes_during_sigterm_shutdown() {
         Duration::from_secs(5)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_refuses_new_connections_while_finishing_old_ones() {
+    let app = Backend::start("app").await;
+    let mut proxy = Proxy::start();
+    proxy.deploy("app", &app.target(), &[]);
+    let url = proxy.url("/slow?ms=2000");
+    let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
+    assert!(common::eventually(Duration::from_secs(5), || async { app.hits() == 1 }).await);
+
+    let pid = proxy.pid().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let addr = format!("127.0.0.1:{}", proxy.http_port);
+    let refused = common::eventually(Duration::from_secs(5), || async {
+        tokio::net::TcpStream::connect(&addr).await.is_err()
+    })
+    .await;
+    assert!(refused, "the listener closes at once");
+    assert!(
+        !slow.is_finished(),
+        "the in-flight request is still being served"
+    );
+    let r = slow.await.unwrap().expect("in-flight request");
+    assert_eq!((r.status, r.body.as_str()), (200, "slow 2000"));
+    assert_eq!(blocking(|| proxy.terminate()), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigint_stops_gracefully_too() {
+    let mut proxy = Proxy::start();
+    let pid = proxy.pid().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(proxy.wait_for_log(
+        |l| l.contains("\"msg\":\"Server stopped\""),
+        Duration::from_secs(10)
+    ));
+    assert_eq!(blocking(|| proxy.terminate()), Some(0));
+}

@@ -55,7 +55,7 @@ impl DrainTokens {
 }
 
 pub struct Target {
-    address: String,
+    address: Arc<str>,
     authority: Authority,
     health: AtomicU8,
     inflight: AtomicUsize,
@@ -83,7 +83,7 @@ impl Target {
             .parse()
             .map_err(|_| format!("{address} :invalid host pattern"))?;
         Ok(Arc::new(Target {
-            address: address.to_string(),
+            address: Arc::from(address),
             authority,
             health: AtomicU8::new(Health::Adding as u8),
             inflight: AtomicUsize::new(0),
@@ -94,6 +94,11 @@ impl Target {
 
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// The address as a shared string, for the access log (no copy per request).
+    pub fn shared_address(&self) -> Arc<str> {
+        self.address.clone()
     }
 
     pub fn authority(&self) -> &Authority {

@@ -31,7 +31,7 @@ pub struct AccessRecord {
     pub request_id: HeaderValue,
     pub status: u16,
     pub service: Option<Arc<str>>,
-    pub target: Option<String>,
+    pub target: Option<Arc<str>>,
     /// The metrics label (`OTHER` for non-standard methods).
     pub method: &'static str,
     pub method_raw: Method,

@@ -6,6 +6,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use tokio::sync::oneshot;
 
 use super::buffer::BufferedBody;
 use crate::observe::access::Completion;
@@ -13,10 +14,46 @@ use crate::observe::access::Completion;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What we send upstream.
-pub enum RequestBody {
+pub struct RequestBody {
+    kind: RequestKind,
+    /// Dropped once the body has been handed over in full (or abandoned): the
+    /// `--target-timeout` wait for response headers starts then.
+    sent: Option<oneshot::Sender<()>>,
+}
+
+enum RequestKind {
     Stream(Incoming),
     Buffered(BufferedBody),
     Empty,
+}
+
+impl RequestBody {
+    pub fn stream(b: Incoming) -> Self {
+        Self::new(RequestKind::Stream(b))
+    }
+
+    pub fn buffered(b: BufferedBody) -> Self {
+        Self::new(RequestKind::Buffered(b))
+    }
+
+    pub fn empty() -> Self {
+        Self::new(RequestKind::Empty)
+    }
+
+    fn new(kind: RequestKind) -> Self {
+        RequestBody { kind, sent: None }
+    }
+
+    /// Resolves once the whole body has been sent; `None` when there is nothing to send
+    /// (the common bodiless request pays for no channel).
+    pub fn track_sent(&mut self) -> Option<oneshot::Receiver<()>> {
+        if self.is_end_stream() {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        self.sent = Some(tx);
+        Some(rx)
+    }
 }
 
 impl Body for RequestBody {
@@ -27,26 +64,31 @@ impl Body for RequestBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            RequestBody::Stream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            RequestBody::Buffered(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            RequestBody::Empty => Poll::Ready(None),
+        let this = self.get_mut();
+        let polled: Poll<Option<Result<Frame<Bytes>, BoxError>>> = match &mut this.kind {
+            RequestKind::Stream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            RequestKind::Buffered(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            RequestKind::Empty => Poll::Ready(None),
+        };
+        if this.sent.is_some() && (matches!(polled, Poll::Ready(None)) || this.is_end_stream()) {
+            this.sent = None;
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            RequestBody::Stream(b) => b.is_end_stream(),
-            RequestBody::Buffered(b) => b.is_end_stream(),
-            RequestBody::Empty => true,
+        match &self.kind {
+            RequestKind::Stream(b) => b.is_end_stream(),
+            RequestKind::Buffered(b) => b.is_end_stream(),
+            RequestKind::Empty => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            RequestBody::Stream(b) => b.size_hint(),
-            RequestBody::Buffered(b) => b.size_hint(),
-            RequestBody::Empty => SizeHint::with_exact(0),
+        match &self.kind {
+            RequestKind::Stream(b) => b.size_hint(),
+            RequestKind::Buffered(b) => b.size_hint(),
+            RequestKind::Empty => SizeHint::with_exact(0),
         }
     }
 }

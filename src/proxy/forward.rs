@@ -68,13 +68,13 @@ impl Forwarder {
 
         let (mut parts, incoming) = req.into_parts();
         let head_request = parts.method == http::Method::HEAD;
-        let body = if opts.buffer_requests && upgrade.is_none() {
+        let mut body = if opts.buffer_requests && upgrade.is_none() {
             match buffer_request(incoming, opts).await {
                 Ok(b) => b,
                 Err(status) => return finish(error_response(status, up.pages, None), completion),
             }
         } else {
-            RequestBody::Stream(incoming)
+            RequestBody::stream(incoming)
         };
 
         let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -129,9 +129,9 @@ impl Forwarder {
             .unwrap_or_default();
         std::mem::swap(&mut parts.uri, &mut uri);
         parts.version = Version::HTTP_11;
+        let body_sent = body.track_sent();
         let outbound = Request::from_parts(parts, body);
 
-        let timeout = opts.response_timeout();
         let sent = self.client.request(outbound);
         let result = {
             let cancelled = async {
@@ -140,14 +140,26 @@ impl Forwarder {
                     None => std::future::pending().await,
                 }
             };
+            // `--target-timeout` bounds the wait for response headers once the request is
+            // sent (Go's `ResponseHeaderTimeout`), so a slow upload is not cut short.
+            let timed_out = async {
+                if let Some(rx) = body_sent {
+                    let _ = rx.await;
+                }
+                tokio::time::sleep(opts.response_timeout()).await;
+            };
             tokio::select! {
-                r = tokio::time::timeout(timeout, sent) => Some(r),
+                r = sent => Some(Ok(r)),
+                _ = timed_out => Some(Err(())),
                 _ = cancelled => None,
             }
         };
         let mut response = match result {
             None => {
                 tracing::info!(path = %uri.path(), "Request cancelled due to draining");
+                // Release the target now: the 504 page itself must not be cut by the drain.
+                let mut completion = completion;
+                completion.target = None;
                 return finish(
                     error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
                     completion,
@@ -309,11 +321,11 @@ async fn buffer_request(
         }
     }
     if buf.is_empty() {
-        return Ok(RequestBody::Empty);
+        return Ok(RequestBody::empty());
     }
     buf.into_body()
         .await
-        .map(RequestBody::Buffered)
+        .map(RequestBody::buffered)
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)
 }
 

@@ -117,16 +117,33 @@ pub fn set_forwarded(headers: &mut HeaderMap, f: &ForwardedFor<'_>) {
     headers.insert(&X_FORWARDED_PROTO, proto);
 }
 
+/// `--client-ip-header`: when the request carries a non-empty `name`, its value replaces
+/// `X-Forwarded-For` before [`set_forwarded`] runs, and is what the access log shows as
+/// `remote_addr`. Returns that value. `name` itself is forwarded unchanged.
+pub fn apply_client_ip_header(headers: &mut HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
+    let value = headers.get(name).filter(|v| !v.is_empty())?.clone();
+    headers.insert(&X_FORWARDED_FOR, value.clone());
+    Some(value)
+}
+
 /// `X-Kamal-Target`: the chosen target; appended to a client value only when trusted.
 pub fn set_target_header(headers: &mut HeaderMap, address: &str, trust_client: bool) {
-    let value = match headers.get(&X_KAMAL_TARGET).filter(|_| trust_client) {
-        Some(prior) if !prior.is_empty() => {
-            let mut v = prior.as_bytes().to_vec();
-            v.extend_from_slice(b", ");
-            v.extend_from_slice(address.as_bytes());
-            HeaderValue::from_bytes(&v).ok()
+    let mut joined = Vec::new();
+    if trust_client {
+        for prior in headers
+            .get_all(&X_KAMAL_TARGET)
+            .iter()
+            .filter(|v| !v.is_empty())
+        {
+            joined.extend_from_slice(prior.as_bytes());
+            joined.extend_from_slice(b", ");
         }
-        _ => HeaderValue::from_str(address).ok(),
+    }
+    let value = if joined.is_empty() {
+        HeaderValue::from_str(address).ok()
+    } else {
+        joined.extend_from_slice(address.as_bytes());
+        HeaderValue::from_bytes(&joined).ok()
     };
     if let Some(v) = value {
         headers.insert(&X_KAMAL_TARGET, v);
@@ -179,6 +196,42 @@ mod tests {
         assert_eq!(h[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
         assert_eq!(h[&X_FORWARDED_PROTO], "https");
         assert_eq!(h[&X_FORWARDED_HOST], "example.com:8080");
+    }
+
+    #[test]
+    fn client_ip_header_replaces_forwarded_for() {
+        let name = HeaderName::from_static("cf-connecting-ip");
+        let mut h = HeaderMap::new();
+        h.insert(&X_FORWARDED_FOR, hv("1.2.3.4"));
+        assert_eq!(apply_client_ip_header(&mut h, &name), None);
+        assert_eq!(h[&X_FORWARDED_FOR], "1.2.3.4");
+        h.insert(&name, hv(""));
+        assert_eq!(
+            apply_client_ip_header(&mut h, &name),
+            None,
+            "empty values are ignored"
+        );
+        h.insert(&name, hv("9.9.9.9"));
+        assert_eq!(apply_client_ip_header(&mut h, &name), Some(hv("9.9.9.9")));
+        assert_eq!(h[&X_FORWARDED_FOR], "9.9.9.9");
+        assert_eq!(h[&name], "9.9.9.9");
+    }
+
+    #[test]
+    fn target_header_appends_to_trusted_client_values() {
+        let mut h = HeaderMap::new();
+        set_target_header(&mut h, "web:3000", true);
+        assert_eq!(h[&X_KAMAL_TARGET], "web:3000");
+        let mut h = HeaderMap::new();
+        h.append(&X_KAMAL_TARGET, hv("a:1"));
+        h.append(&X_KAMAL_TARGET, hv("b:2"));
+        let mut untrusted = h.clone();
+        set_target_header(&mut h, "web:3000", true);
+        assert_eq!(h[&X_KAMAL_TARGET], "a:1, b:2, web:3000");
+        assert_eq!(h.get_all(&X_KAMAL_TARGET).iter().count(), 1);
+        set_target_header(&mut untrusted, "web:3000", false);
+        assert_eq!(untrusted[&X_KAMAL_TARGET], "web:3000");
+        assert_eq!(untrusted.get_all(&X_KAMAL_TARGET).iter().count(), 1);
     }
 
     #[test]

@@ -70,7 +70,7 @@ impl Router {
         let table = self.table.load();
         table
             .lookup(host, path)
-            .map(|(s, prefix)| (s.clone(), Arc::from(prefix)))
+            .map(|(s, prefix)| (s.clone(), prefix.clone()))
     }
 
     /// Sets the process-wide ACME settings; call once, before `restore`.
@@ -147,17 +147,29 @@ impl Router {
                 return;
             }
         };
-        let mut services = self.services.lock().await;
-        for s in saved {
-            match self.restore_service(&s) {
+        // All or nothing, as upstream: restoring part of the file and saving would
+        // silently drop the services that failed.
+        let mut restored = BTreeMap::new();
+        for s in &saved {
+            match self.restore_service(s) {
                 Ok(service) => {
-                    services.insert(s.name.clone(), service);
+                    restored.insert(s.name.clone(), service);
                 }
                 Err(e) => {
-                    tracing::error!(service = %s.name, error = %e, "Failed to restore service");
+                    for service in restored.values() {
+                        service.set_sleep_controller(None);
+                        service.active().stop_health_checks();
+                    }
+                    let aside = state::set_aside(&self.state_path)
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|err| format!("(could not move it aside: {err})"));
+                    tracing::error!(path = %self.state_path.display(), service = %s.name, error = %e, moved_to = %aside, "Failed to decode saved state");
+                    return;
                 }
             }
         }
+        let mut services = self.services.lock().await;
+        *services = restored;
         self.publish(&services);
         tracing::info!(services = services.len(), "Restored saved state");
     }

@@ -6,61 +6,73 @@ use std::sync::Arc;
 
 use crate::service::Service;
 
+type Bindings = Vec<(Arc<str>, Arc<Service>)>;
+
 #[derive(Default)]
 pub struct RouteTable {
-    /// Host (as deployed: exact, `*.domain`, or `""` for the default) → bindings sorted
-    /// by prefix length, longest first.
-    hosts: HashMap<String, Vec<(String, Arc<Service>)>>,
+    /// Exact hosts → bindings sorted by prefix length, longest first.
+    exact: HashMap<String, Bindings>,
+    /// `*.example.com` stored under `.example.com`, so a lookup borrows the request's
+    /// host suffix instead of building a key.
+    wildcard: HashMap<String, Bindings>,
+    /// Services deployed without a host.
+    default: Option<Bindings>,
 }
 
 impl RouteTable {
     pub fn build<'a>(services: impl Iterator<Item = &'a Arc<Service>>) -> RouteTable {
-        let mut hosts: HashMap<String, Vec<(String, Arc<Service>)>> = HashMap::new();
+        let mut table = RouteTable::default();
         for service in services {
             let config = service.config();
             for host in &config.options.hosts {
+                let bindings = if host.is_empty() {
+                    table.default.get_or_insert_with(Vec::new)
+                } else if let Some(suffix) = host.strip_prefix('*') {
+                    table.wildcard.entry(suffix.to_string()).or_default()
+                } else {
+                    table.exact.entry(host.clone()).or_default()
+                };
                 for prefix in &config.options.path_prefixes {
-                    hosts
-                        .entry(host.clone())
-                        .or_default()
-                        .push((prefix.clone(), service.clone()));
+                    bindings.push((Arc::from(prefix.as_str()), service.clone()));
                 }
             }
         }
-        for bindings in hosts.values_mut() {
-            bindings.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        let sort = |b: &mut Bindings| b.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        table.exact.values_mut().for_each(sort);
+        table.wildcard.values_mut().for_each(sort);
+        if let Some(b) = table.default.as_mut() {
+            sort(b);
         }
-        RouteTable { hosts }
+        table
     }
 
     /// Exact host first; only if there is none, `*.` + the host after its first dot; only
     /// if neither exists, the default host. No fall-through once a host entry is chosen.
-    fn bindings_for(&self, host: &str) -> Option<&Vec<(String, Arc<Service>)>> {
-        if let Some(b) = self.hosts.get(host) {
+    fn bindings_for(&self, host: &str) -> Option<&Bindings> {
+        if let Some(b) = self.exact.get(host) {
             return Some(b);
         }
-        if let Some(dot) = host.find('.') {
-            let wildcard = format!("*{}", &host[dot..]);
-            if let Some(b) = self.hosts.get(&wildcard) {
-                return Some(b);
-            }
+        if let Some(b) = host.find('.').and_then(|dot| self.wildcard.get(&host[dot..])) {
+            return Some(b);
         }
-        self.hosts.get("")
+        self.default.as_ref()
     }
 
     /// The service for a request and the prefix it matched.
-    pub fn lookup(&self, host: &str, path: &str) -> Option<(&Arc<Service>, &str)> {
+    pub fn lookup(&self, host: &str, path: &str) -> Option<(&Arc<Service>, &Arc<str>)> {
         let bindings = self.bindings_for(host)?;
         bindings
             .iter()
             .find(|(prefix, _)| prefix_matches(prefix, path))
-            .map(|(prefix, s)| (s, prefix.as_str()))
+            .map(|(prefix, s)| (s, prefix))
     }
 
     /// Every service bound in the table, possibly more than once.
     pub fn all_services(&self) -> Vec<Arc<Service>> {
-        self.hosts
+        self.exact
             .values()
+            .chain(self.wildcard.values())
+            .chain(self.default.iter())
             .flat_map(|b| b.iter().map(|(_, s)| s.clone()))
             .collect()
     }

@@ -238,7 +238,7 @@ impl Service {
                 completion,
             );
         };
-        completion.record().target = Some(target.address().to_string());
+        completion.record().target = Some(target.shared_address());
         completion.target = Some(target.begin());
 
         let path_and_query = upstream_path_and_query(&req, &routed);
