@@ -377,3 +377,63 @@ async fn on_demand_path_asks_the_service_itself() {
         .await;
     assert!(denied.is_err(), "a redirect is a denial");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_issuance_is_logged_with_its_reason_and_backs_off() {
+    if !available() {
+        return;
+    }
+    let (http, https) = (free_port(), free_port());
+    // Both challenge ports dead: validation cannot succeed.
+    let pebble = Pebble::start(free_port(), free_port(), None);
+    let backend = Backend::start("one").await;
+    let proxy = proxy_for(&pebble, http, https);
+    proxy.deploy("app", &backend.target(), &["--host=fail.test", "--tls"]);
+    let root = pebble.root().await;
+    let url = format!("https://fail.test:{https}/");
+    assert!(
+        client(&root, "fail.test", https)
+            .get(&url)
+            .send()
+            .await
+            .is_err()
+    );
+    assert!(proxy.wait_for_log(
+        |l| l.contains("Unable to obtain certificate") && l.contains("retry_in"),
+        Duration::from_secs(5)
+    ));
+    let line = proxy
+        .logs()
+        .into_iter()
+        .find(|l| l.contains("Unable to obtain certificate"))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["level"], "ERROR");
+    assert_eq!(v["host"], "fail.test");
+    assert!(
+        v["error"].as_str().unwrap().contains("Connection refused")
+            || v["error"].as_str().unwrap().contains("connection refused"),
+        "{v}"
+    );
+    assert_eq!(v["retry_in"], "1m0s");
+
+    // Within the backoff, handshakes fail at once without a new order.
+    let attempts = |p: &Proxy| {
+        p.logs()
+            .iter()
+            .filter(|l| l.contains("ACME challenge failed"))
+            .count()
+    };
+    let before = attempts(&proxy);
+    let started = Instant::now();
+    assert!(
+        client(&root, "fail.test", https)
+            .get(&url)
+            .send()
+            .await
+            .is_err()
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(attempts(&proxy), before);
+}

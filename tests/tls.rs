@@ -192,6 +192,18 @@ async fn certificate_deploy_errors_as_upstream() {
         "--tls-private-key-path=/nonexistent/key.pem",
     ]);
     assert_eq!(err, "Error: unable to load certificate\n");
+    let err = proxy.fails(&[
+        "deploy",
+        "app",
+        &target,
+        "--host=a.test",
+        "--tls",
+        "--tls-certificate-path=/x/cert.pem",
+    ]);
+    assert_eq!(
+        err,
+        "Error: if any flags in the group [tls-certificate-path tls-private-key-path] are set they must all be set; missing [tls-private-key-path]\n"
+    );
     let err = proxy.fails(&["deploy", "app", &target, "--host=*.a.test", "--tls"]);
     assert_eq!(err, "Error: automatic TLS does not support wildcards\n");
 
@@ -223,6 +235,43 @@ async fn certificate_deploy_errors_as_upstream() {
             &format!("--tls-private-key-path={}", key.display()),
         ],
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handshake_without_sni_uses_the_default_tls_hostname() {
+    let backend = Backend::start("one").await;
+    let proxy = Proxy::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &[
+            "--host=custom.test",
+            "--tls",
+            &format!("--tls-certificate-path={}", cert.display()),
+            &format!("--tls-private-key-path={}", key.display()),
+        ],
+    );
+    // An IP address is never sent as SNI.
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .danger_accept_invalid_certs(true)
+        .tls_info(true)
+        .build()
+        .unwrap();
+    let resp = client
+        .get(format!("https://127.0.0.1:{}/", proxy.https_port))
+        .header("host", "custom.test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(peer_certificate(&resp), pem_der(&pem));
+    assert!(proxy.wait_for_log(
+        |l| l.contains("No server name; using default TLS hostname"),
+        std::time::Duration::from_secs(5)
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -329,10 +378,12 @@ async fn http3_request_succeeds_and_alt_svc_is_advertised() {
     drive.abort();
 
     assert!(
-        proxy
-            .access_log()
-            .iter()
-            .any(|l| l["proto"] == "HTTP/3.0" && l["status"] == 200 && l["scheme"] == "https"),
+        proxy.wait_for_log(
+            |l| l.contains("\"proto\":\"HTTP/3.0\"")
+                && l.contains("\"status\":200")
+                && l.contains("\"scheme\":\"https\""),
+            std::time::Duration::from_secs(5)
+        ),
         "{:?}",
         proxy.logs()
     );
