@@ -53,7 +53,9 @@ pub fn root_store() -> rustls::RootCertStore {
 }
 
 fn connector(roots: rustls::RootCertStore) -> HttpsConnector<HttpConnector> {
-    let config = rustls::ClientConfig::builder()
+    let config = rustls::ClientConfig::builder_with_provider(super::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap_or_else(|_| rustls::ClientConfig::builder())
         .with_root_certificates(roots)
         .with_no_client_auth();
     hyper_rustls::HttpsConnectorBuilder::new()

@@ -27,7 +27,9 @@ type BridgeBody = BoxBody<Bytes, std::io::Error>;
 
 /// Binds the UDP socket (all interfaces, as the TCP listeners).
 pub fn bind(port: u16, tcp_config: &rustls::ServerConfig) -> Result<quinn::Endpoint, String> {
-    let mut tls = rustls::ServerConfig::builder_with_protocol_versions(&[&rustls::version::TLS13])
+    let mut tls = rustls::ServerConfig::builder_with_provider(super::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| format!("HTTP/3: {e}"))?
         .with_no_client_auth()
         .with_cert_resolver(tcp_config.cert_resolver.clone());
     tls.alpn_protocols = vec![b"h3".to_vec()];

@@ -23,7 +23,9 @@ use crate::service::Conn;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn server_config(resolver: Arc<TlsResolver>) -> Arc<rustls::ServerConfig> {
-    let mut config = rustls::ServerConfig::builder()
+    let mut config = rustls::ServerConfig::builder_with_provider(super::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap_or_else(|_| rustls::ServerConfig::builder())
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()];

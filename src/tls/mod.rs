@@ -159,6 +159,12 @@ impl TlsContext {
     }
 }
 
+/// aws-lc-rs, named explicitly: with dev-dependencies a second provider can be compiled
+/// in, and rustls then refuses to pick one implicitly.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
 /// Names autocert accepts: at least one dot, no path separators.
 pub fn acme_name_ok(name: &str) -> bool {
     let name = name.trim_end_matches('.');
