@@ -37,7 +37,9 @@ impl RouteTable {
                 }
             }
         }
-        let sort = |b: &mut Bindings| b.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        let sort = |b: &mut Bindings| {
+            b.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)))
+        };
         table.exact.values_mut().for_each(sort);
         table.wildcard.values_mut().for_each(sort);
         if let Some(b) = table.default.as_mut() {
@@ -52,7 +54,10 @@ impl RouteTable {
         if let Some(b) = self.exact.get(host) {
             return Some(b);
         }
-        if let Some(b) = host.find('.').and_then(|dot| self.wildcard.get(&host[dot..])) {
+        if let Some(b) = host
+            .find('.')
+            .and_then(|dot| self.wildcard.get(&host[dot..]))
+        {
             return Some(b);
         }
         self.default.as_ref()
