@@ -158,6 +158,10 @@ async fn tls_alpn01_on_first_request() {
     let events = obtained(&proxy);
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0]["challenge"], "tls-alpn-01");
+    eprintln!(
+        "TLS-ALPN-01 issuance took {} ms",
+        events[0]["duration"].as_u64().unwrap_or(0) / 1_000_000
+    );
 
     // A name the service does not list never gets a certificate, and no order is made.
     let other = client(&root, "other.test", https)
