@@ -178,6 +178,21 @@ async fn tls_mismatch_unknown_names_and_inherited_settings() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn plain_http_to_the_https_port_gets_go_s_400() {
+    let proxy = Proxy::start();
+    let r = common::client()
+        .get(format!("http://127.0.0.1:{}/", proxy.https_port))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.text().await.unwrap(),
+        "Client sent an HTTP request to an HTTPS server.\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn certificate_deploy_errors_as_upstream() {
     let backend = Backend::start("one").await;
     let proxy = Proxy::start();

@@ -66,6 +66,23 @@ pub async fn serve_https(listener: TcpListener, https: Arc<Https>, stop: Cancell
     .await
 }
 
+/// Go's check for plain HTTP on a TLS port (a TLS record starts with 0x16).
+fn looks_like_http(first: &[u8]) -> bool {
+    const STARTS: [&[u8]; 5] = [b"GET /", b"HEAD ", b"POST ", b"PUT /", b"OPTIO"];
+    first.first() != Some(&0x16) && STARTS.iter().any(|s| first.len() >= 5 && first == *s)
+}
+
+/// What Go's net/http answers to plain HTTP sent to an HTTPS port.
+async fn answer_plain_http(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let _ = stream
+        .write_all(
+            b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n",
+        )
+        .await;
+    let _ = stream.shutdown().await;
+}
+
 async fn serve_connection(
     stream: TcpStream,
     client: SocketAddr,
@@ -73,6 +90,16 @@ async fn serve_connection(
     draining: CancellationToken,
 ) {
     let _ = stream.set_nodelay(true);
+    let mut first = [0u8; 5];
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => {
+            if looks_like_http(&first[..n]) {
+                answer_plain_http(stream).await;
+                return;
+            }
+        }
+        _ => return,
+    }
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
     let start = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor).await {
         Ok(Ok(start)) => start,
