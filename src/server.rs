@@ -189,7 +189,7 @@ pub async fn handle(
     conn: Conn,
 ) -> Response<ResponseBody> {
     if req.uri().path() == PING_PATH {
-        return ping();
+        return ping(req.method());
     }
     if req
         .uri()
@@ -217,7 +217,21 @@ pub async fn handle(
         .await
 }
 
-fn ping() -> Response<ResponseBody> {
+/// Liveness: `GET`/`HEAD` answer `OK`, other methods 405 (as the fork).
+fn ping(method: &http::Method) -> Response<ResponseBody> {
+    if method != http::Method::GET && method != http::Method::HEAD {
+        let mut r = Response::new(ResponseBody::full(&b"Method Not Allowed\n"[..]));
+        *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        r.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        return r;
+    }
     let mut r = Response::new(ResponseBody::full(&b"OK\n"[..]));
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

@@ -26,7 +26,7 @@ pub enum ProbeMode {
 }
 
 const FIRST_RETRY: Duration = Duration::from_millis(50);
-const WAKE_PROBE_INTERVAL: Duration = Duration::from_millis(5);
+const WAKE_PROBE_INTERVAL: Duration = Duration::from_millis(2);
 const WAKE_FAST_PROBING_FOR: Duration = Duration::from_secs(3);
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use clap::{ArgAction, Args};
 
-use super::values::{duration, go_bool, int64, non_empty, port};
+use super::values::{duration, float64, go_bool, int64, non_empty, port};
 use crate::control::{DeployArgs, Request};
 use crate::service::options::*;
 
@@ -146,6 +146,34 @@ pub struct DeployCmd {
     /// Container to stop and start instead of those named by the targets (repeatable)
     #[arg(long = "sleep-container", action = ArgAction::Append, value_name = "CONTAINER")]
     sleep_container: Vec<String>,
+
+    /// Only these client addresses or CIDR ranges may reach the service; others get 403 (repeatable, or comma-separated)
+    #[arg(long = "allow-ip", value_delimiter = ',', action = ArgAction::Append, value_name = "IP|CIDR")]
+    allow_ip: Vec<String>,
+    /// Proxies in front of this one whose X-Forwarded-For (or --client-ip-header) names the client, for --allow-ip and --rate-limit (repeatable, or comma-separated)
+    #[arg(long = "trusted-proxy", value_delimiter = ',', action = ArgAction::Append, value_name = "IP|CIDR")]
+    trusted_proxy: Vec<String>,
+    /// Requests per second per client (IPv6 clients per /64; fractions allowed, e.g. 0.5); over budget → 429 (0 = off)
+    #[arg(long = "rate-limit", value_parser = float64, default_value = "0", value_name = "REQUESTS/S")]
+    rate_limit: f64,
+    /// Requests a client may make at once before the rate applies (0 = max(1, ceil(rate)))
+    #[arg(long = "rate-limit-burst", value_parser = int64, default_value = "0", value_name = "N")]
+    rate_limit_burst: i64,
+    /// Client addresses or CIDR ranges the rate limit does not apply to (repeatable, or comma-separated)
+    #[arg(long = "rate-limit-exempt", value_delimiter = ',', action = ArgAction::Append, value_name = "IP|CIDR")]
+    rate_limit_exempt: Vec<String>,
+    /// Require HTTP Basic credentials (user:password); hashed here, the password never leaves this host
+    #[arg(long = "basic-auth", default_value = "", value_name = "USER:PASSWORD")]
+    basic_auth: String,
+    /// Redirect paths matching a regex: 'PATTERN=REPLACEMENT[;status=N]' ($1 expands; status 301 by default; repeatable)
+    #[arg(long = "redirect", action = ArgAction::Append, value_name = "RULE")]
+    redirect: Vec<String>,
+    /// Rewrite the path the target sees: 'PATTERN=REPLACEMENT' ($1 expands; repeatable)
+    #[arg(long = "rewrite", action = ArgAction::Append, value_name = "RULE")]
+    rewrite: Vec<String>,
+    /// Deadline for the whole request, holds included; 504 when it passes (0 = none; WebSocket and SSE exempt)
+    #[arg(long = "request-timeout", value_parser = duration, default_value = "0", value_name = "DURATION")]
+    request_timeout: i64,
 }
 
 impl DeployCmd {
@@ -212,6 +240,20 @@ impl DeployCmd {
             sleep_after: self.sleep_after,
             wake_timeout: self.wake_timeout,
             sleep_containers: non_empty(self.sleep_container.clone()),
+            allow_ips: non_empty(self.allow_ip.clone()),
+            trusted_proxies: non_empty(self.trusted_proxy.clone()),
+            rate_limit: self.rate_limit,
+            rate_limit_burst: self.rate_limit_burst,
+            rate_limit_exempt: non_empty(self.rate_limit_exempt.clone()),
+            // Hashed here: the plaintext never crosses the socket.
+            basic_auth: if self.basic_auth.is_empty() {
+                String::new()
+            } else {
+                crate::service::gates::basic_auth::encode_flag(&self.basic_auth)?
+            },
+            redirects: self.redirect.clone(),
+            rewrites: self.rewrite.clone(),
+            request_timeout: self.request_timeout,
         };
         service_options.validate()?;
         let target_options = TargetOptions {
@@ -234,6 +276,7 @@ impl DeployCmd {
             scope_cookie_paths: self.scope_cookie_paths.unwrap_or(false),
         };
         target_options.validate()?;
+        crate::service::gates::validate_health_check(&service_options, &target_options)?;
         let targets = non_empty(target.clone());
         let readers = non_empty(self.read_target.clone());
         for t in targets.iter().chain(readers.iter()) {

@@ -206,6 +206,14 @@ pub mod values {
             .map_err(|_| format!("strconv.ParseInt: parsing \"{s}\": invalid syntax"))
     }
 
+    /// Go's `strconv.ParseFloat` (a finite number; `NaN` and infinities are refused).
+    pub fn float64(s: &str) -> Result<f64, String> {
+        s.parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite())
+            .ok_or_else(|| format!("strconv.ParseFloat: parsing \"{s}\": invalid syntax"))
+    }
+
     /// A port, with `strconv.ParseInt`'s wording for what is not one.
     pub fn port(s: &str) -> Result<u16, String> {
         let n = int64(s)?;

@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::sync::oneshot;
@@ -106,6 +107,9 @@ pub struct ResponseBody {
     inner: Inner,
     sent: u64,
     completion: Option<Completion>,
+    /// `--request-timeout` still running while the body streams: the body is cut off
+    /// when it fires.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl ResponseBody {
@@ -131,7 +135,14 @@ impl ResponseBody {
             inner,
             sent: 0,
             completion: None,
+            deadline: None,
         }
+    }
+
+    /// Cuts the body off at `at` (the request deadline; headers have already gone out).
+    pub fn with_deadline(mut self, at: tokio::time::Instant) -> Self {
+        self.deadline = Some(Box::pin(tokio::time::sleep_until(at)));
+        self
     }
 
     pub fn attach(&mut self, completion: Completion) {
@@ -168,6 +179,13 @@ impl Body for ResponseBody {
             // A drain gave up on this request: cut the stream.
             this.finish(false);
             return Poll::Ready(Some(Err("request cancelled due to draining".into())));
+        }
+        if let Some(deadline) = this.deadline.as_mut() {
+            if deadline.as_mut().poll(cx).is_ready() {
+                this.deadline = None;
+                this.finish(false);
+                return Poll::Ready(Some(Err("request deadline exceeded".into())));
+            }
         }
         let polled: Poll<Option<Result<Frame<Bytes>, BoxError>>> = match &mut this.inner {
             Inner::Stream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),

@@ -41,6 +41,8 @@ pub struct UpstreamRequest<'a> {
     pub pages: Option<&'a Arc<ErrorPages>>,
     pub client_ip: &'a str,
     pub tls: bool,
+    /// `--request-timeout`: the response headers must arrive by then (504 otherwise).
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 impl Forwarder {
@@ -69,7 +71,13 @@ impl Forwarder {
         let (mut parts, incoming) = req.into_parts();
         let head_request = parts.method == http::Method::HEAD;
         let mut body = if opts.buffer_requests && upgrade.is_none() {
-            match buffer_request(incoming, opts).await {
+            let buffered = match up.deadline {
+                Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))
+                    .await
+                    .unwrap_or(Err(StatusCode::GATEWAY_TIMEOUT)),
+                None => buffer_request(incoming, opts).await,
+            };
+            match buffered {
                 Ok(b) => b,
                 Err(status) => return finish(error_response(status, up.pages, None), completion),
             }
@@ -148,9 +156,17 @@ impl Forwarder {
                 }
                 tokio::time::sleep(opts.response_timeout()).await;
             };
+            // `--request-timeout`: the whole request's deadline, uploads included.
+            let deadline = async {
+                match up.deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 r = sent => Some(Ok(r)),
                 _ = timed_out => Some(Err(())),
+                _ = deadline => Some(Err(())),
                 _ = cancelled => None,
             }
         };
@@ -214,7 +230,22 @@ impl Forwarder {
 
         if opts.buffer_responses && !is_event_stream(response.headers()) {
             let (mut parts, incoming) = response.into_parts();
-            return match buffer_response(incoming, opts).await {
+            let buffered = match up.deadline {
+                Some(d) => {
+                    match tokio::time::timeout_at(d, buffer_response(incoming, opts)).await {
+                        Ok(b) => b,
+                        Err(_) => {
+                            tracing::info!(path = %uri.path(), "Request deadline exceeded");
+                            return finish(
+                                error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
+                                completion,
+                            );
+                        }
+                    }
+                }
+                None => buffer_response(incoming, opts).await,
+            };
+            return match buffered {
                 Ok(body) => {
                     // A HEAD, 204 or 304 answer has no body to measure: its length, if
                     // any, stays the app's.
@@ -256,7 +287,15 @@ impl Forwarder {
                 }
             };
         }
-        finish(response.map(ResponseBody::stream), completion)
+        // The deadline keeps running over the body, unless it is an event stream.
+        let deadline = up.deadline.filter(|_| !is_event_stream(response.headers()));
+        finish(
+            response.map(|b| match deadline {
+                Some(d) => ResponseBody::stream(b).with_deadline(d),
+                None => ResponseBody::stream(b),
+            }),
+            completion,
+        )
     }
 }
 

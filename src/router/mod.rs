@@ -175,7 +175,8 @@ impl Router {
     }
 
     fn restore_service(self: &Arc<Self>, s: &ServiceState) -> Result<Arc<Service>, String> {
-        let mut config = ServiceConfig::build(s.options.clone(), s.target_options.clone())?;
+        let mut config =
+            ServiceConfig::build(&s.name, s.options.clone(), s.target_options.clone())?;
         config.tls = self.tls().source_for(&s.options)?;
         let lb = LoadBalancer::new(
             &s.name,
@@ -219,6 +220,7 @@ impl Router {
         }
         service_options.validate()?;
         target_options.validate()?;
+        crate::service::gates::validate_health_check(&service_options, &target_options)?;
         let mut options = service_options;
         options.normalize();
         if options.sleep_enabled() {
@@ -269,8 +271,8 @@ impl Router {
                 lb.stop_health_checks();
                 return Err("host settings conflict with another service".into());
             }
-            let built =
-                ServiceConfig::build(options.clone(), target_options.clone()).and_then(|mut c| {
+            let built = ServiceConfig::build(&name, options.clone(), target_options.clone())
+                .and_then(|mut c| {
                     c.tls = self.tls().source_for(&options)?;
                     Ok(c)
                 });

@@ -160,7 +160,16 @@ pub fn save(path: &Path, services: &[ServiceState]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = tmp_path(path);
     {
-        let mut f = std::fs::File::create(&tmp)?;
+        // 0600: the file carries basic-auth digests (as the fork).
+        let mut f = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?
+        };
         f.write_all(&bytes)?;
         f.sync_all()?;
     }

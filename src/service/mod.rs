@@ -2,12 +2,12 @@
 //! run in order, and each may answer the request itself.
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use std::sync::Arc;
 
+pub mod gates;
 pub mod options;
 pub mod pause;
 pub mod sleep;
@@ -17,6 +17,7 @@ use crate::observe::access::{Completion, header_values, log_key};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::pages::{ErrorPages, error_response};
 use crate::proxy::{Forwarder, UpstreamRequest, headers};
+use gates::Gates;
 use options::{ServiceOptions, TargetOptions};
 use pause::{PauseController, PauseOutcome};
 use sleep::{HealthAnswer, IdleController, WakeError};
@@ -30,12 +31,19 @@ pub struct ServiceConfig {
     /// `--log-request-header`: (log key, header name).
     pub log_request_headers: Vec<(String, HeaderName)>,
     pub log_response_headers: Arc<Vec<String>>,
+    /// Allow list, redirects, rate limit, basic auth, rewrites, deadline: compiled.
+    /// Shared, so a config re-issued with inherited TLS settings keeps the same budgets.
+    pub gates: Arc<Gates>,
     /// Where certificates come from when TLS is on (set by the router at deploy).
     pub tls: Option<Arc<crate::tls::CertSource>>,
 }
 
 impl ServiceConfig {
-    pub fn build(options: ServiceOptions, target_options: TargetOptions) -> Result<Self, String> {
+    pub fn build(
+        name: &str,
+        options: ServiceOptions,
+        target_options: TargetOptions,
+    ) -> Result<Self, String> {
         let pages = if options.error_page_path.is_empty() {
             None
         } else {
@@ -59,7 +67,9 @@ impl ServiceConfig {
             HeaderName::from_bytes(h.as_bytes())
                 .map_err(|_| format!("invalid header name '{h}'"))?;
         }
+        let gates = Gates::compile(name, &options)?;
         Ok(ServiceConfig {
+            gates: Arc::new(gates),
             log_response_headers: Arc::new(target_options.log_response_headers.clone()),
             options,
             target_options,
@@ -149,7 +159,7 @@ impl Service {
     /// matched. The returned response always carries `completion`.
     pub async fn serve(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         conn: Conn,
         prefix: &str,
         mut completion: Completion,
@@ -172,25 +182,45 @@ impl Service {
                 .collect();
             record.resp_header_names = config.log_response_headers.clone();
         }
+        if !config.options.client_ip_header.is_empty() {
+            // Upstream logs the named header as `remote_addr` when the client sent it.
+            if let Some(v) = req
+                .headers()
+                .get(config.options.client_ip_header.as_str())
+                .filter(|v| !v.is_empty())
+            {
+                completion.record().remote_addr = Some(v.clone());
+            }
+        }
         let pages = config.pages.as_ref();
-
-        // TLS mismatch: the request came over TLS but the service does not serve TLS.
-        if conn.tls && !config.options.tls_enabled {
-            return finish(
-                error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None),
-                completion,
-            );
-        }
-        if let Some(location) = redirect_location(&req, &config.options, conn.tls) {
-            return finish(redirect(&req, location), completion);
-        }
-
+        let gates = &config.gates;
+        // Classified on the path as the client sent it (prefix stripped), before rewrites.
         let is_health_check = config.is_health_check(req.method(), &routed);
+        drop(routed); // the gates below may change the request's headers
+
+        // Step 5: one deadline over everything below, holds included.
+        let deadline = gates::deadline::deadline_for(gates.request_timeout, req.headers());
+
+        // Step 6: allow list, TLS mismatch, redirects, rate limit, basic auth.
+        if let Some(answer) = gates.check(
+            &self.name,
+            &mut req,
+            conn,
+            &config.options,
+            is_health_check,
+            pages,
+        ) {
+            return finish(answer, completion);
+        }
+
         if !self.pause.is_running() {
             if is_health_check {
                 return finish(empty(StatusCode::OK), completion);
             }
-            match self.pause.wait().await {
+            let Some(outcome) = within(deadline, self.pause.wait()).await else {
+                return finish(deadline_passed(&self.name, &req, pages), completion);
+            };
+            match outcome {
                 PauseOutcome::Proceed => {}
                 PauseOutcome::Stopped(message) => {
                     let msg = (!message.is_empty()).then_some(message.as_str());
@@ -223,9 +253,14 @@ impl Service {
                     }
                 }
             } else {
-                match controller.admit().await {
-                    Ok(in_flight) => completion.idle = Some(in_flight),
-                    Err(e) => return finish(wake_failed(&self.name, &req, &e, pages), completion),
+                // A deadline that fires while the request is held answers 504; the wake
+                // itself runs on, detached, for the next request.
+                match within(deadline, controller.admit()).await {
+                    Some(Ok(in_flight)) => completion.idle = Some(in_flight),
+                    Some(Err(e)) => {
+                        return finish(wake_failed(&self.name, &req, &e, pages), completion);
+                    }
+                    None => return finish(deadline_passed(&self.name, &req, pages), completion),
                 }
             }
         }
@@ -241,7 +276,21 @@ impl Service {
         completion.record().target = Some(target.shared_address());
         completion.target = Some(target.begin());
 
-        let path_and_query = upstream_path_and_query(&req, &routed);
+        // Step 9: rewrites change only what the target sees.
+        let path_and_query = gates::rewrite::rewrite(
+            &gates.rewrites,
+            req.uri().path(),
+            req.uri().query(),
+            prefix,
+            config.options.strip_prefix,
+        )
+        .unwrap_or_else(|| {
+            let routed = routed_path(req.uri().path(), prefix, config.options.strip_prefix);
+            upstream_path_and_query(&req, &routed)
+        });
+        if !config.options.client_ip_header.is_empty() {
+            client_ip_header_to_forwarded_for(&mut req, &config.options.client_ip_header);
+        }
         let client_ip = conn.client.ip().to_string();
         forwarder
             .forward(
@@ -253,11 +302,42 @@ impl Service {
                     pages,
                     client_ip: &client_ip,
                     tls: conn.tls,
+                    deadline,
                 },
                 completion,
             )
             .await
     }
+}
+
+/// Runs `f` until `deadline`, if there is one; `None` when the deadline passed first.
+async fn within<F: std::future::Future>(
+    deadline: Option<tokio::time::Instant>,
+    f: F,
+) -> Option<F::Output> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, f).await.ok(),
+        None => Some(f.await),
+    }
+}
+
+fn deadline_passed(
+    service: &str,
+    req: &Request<Incoming>,
+    pages: Option<&Arc<ErrorPages>>,
+) -> Response<ResponseBody> {
+    tracing::info!(service = %service, path = %req.uri().path(), "Request deadline exceeded");
+    error_response(StatusCode::GATEWAY_TIMEOUT, pages, None)
+}
+
+/// Upstream's `--client-ip-header`: a non-empty value of that header replaces the
+/// client's `X-Forwarded-For` before the forwarded headers are computed.
+fn client_ip_header_to_forwarded_for(req: &mut Request<Incoming>, name: &str) {
+    let Some(value) = req.headers().get(name).filter(|v| !v.is_empty()).cloned() else {
+        return;
+    };
+    req.headers_mut()
+        .insert(&crate::proxy::headers::X_FORWARDED_FOR, value);
 }
 
 pub fn finish(
@@ -348,45 +428,6 @@ pub fn request_host<B>(req: &Request<B>) -> Option<&str> {
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| req.uri().authority().map(|a| a.as_str()))
-}
-
-/// Upstream's TLS and canonical-host redirects: one 301 to the desired scheme and host.
-fn redirect_location(req: &Request<Incoming>, o: &ServiceOptions, tls: bool) -> Option<String> {
-    let host = host_without_port(request_host(req).unwrap_or(""));
-    let want_https = !tls && o.tls_enabled && o.tls_redirect;
-    let want_host = (!o.canonical_host.is_empty() && o.canonical_host != host)
-        .then_some(o.canonical_host.as_str());
-    if !want_https && want_host.is_none() {
-        return None;
-    }
-    let scheme = if want_https || tls { "https" } else { "http" };
-    let pq = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-    Some(format!("{scheme}://{}{pq}", want_host.unwrap_or(host)))
-}
-
-fn redirect(req: &Request<Incoming>, location: String) -> Response<ResponseBody> {
-    let body = if req.method() == Method::GET {
-        format!(
-            "<a href=\"{}\">Moved Permanently</a>.\n\n",
-            crate::proxy::pages::html_escape(&location)
-        )
-    } else {
-        String::new()
-    };
-    let mut r = Response::new(ResponseBody::full(Bytes::from(body)));
-    *r.status_mut() = StatusCode::MOVED_PERMANENTLY;
-    if let Ok(v) = HeaderValue::from_str(&location) {
-        r.headers_mut().insert(header::LOCATION, v);
-    }
-    if req.method() == Method::GET || req.method() == Method::HEAD {
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/html; charset=utf-8"),
-        );
-    }
-    r.headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    r
 }
 
 #[cfg(test)]

@@ -29,7 +29,11 @@ fn is_zero(v: &i64) -> bool {
     *v == 0
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+fn is_zero_f64(v: &f64) -> bool {
+    *v == 0.0
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct ServiceOptions {
     #[serde(deserialize_with = "null_as_empty")]
@@ -61,6 +65,43 @@ pub struct ServiceOptions {
         deserialize_with = "null_as_empty"
     )]
     pub sleep_containers: Vec<String>,
+    /// Access gates (fork keys, snake_case of the fork's field names); omitted when unset.
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
+    pub allow_ips: Vec<String>,
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
+    pub trusted_proxies: Vec<String>,
+    /// Requests per second per client; 0 = off.
+    #[serde(skip_serializing_if = "is_zero_f64")]
+    pub rate_limit: f64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rate_limit_burst: i64,
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
+    pub rate_limit_exempt: Vec<String>,
+    /// `sha256:<salt>:<digest>`, hashed by the CLI; never the plaintext.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub basic_auth: String,
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
+    pub redirects: Vec<String>,
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
+    pub rewrites: Vec<String>,
+    /// Whole-request deadline, nanoseconds; 0 = none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub request_timeout: i64,
 }
 
 impl Default for ServiceOptions {
@@ -87,6 +128,15 @@ impl Default for ServiceOptions {
             sleep_after: 0,
             wake_timeout: 0,
             sleep_containers: Vec::new(),
+            allow_ips: Vec::new(),
+            trusted_proxies: Vec::new(),
+            rate_limit: 0.0,
+            rate_limit_burst: 0,
+            rate_limit_exempt: Vec::new(),
+            basic_auth: String::new(),
+            redirects: Vec::new(),
+            rewrites: Vec::new(),
+            request_timeout: 0,
         }
     }
 }
@@ -285,7 +335,7 @@ impl ServiceOptions {
         if self.sleep_after <= 0 && !self.sleep_containers.is_empty() {
             return Err("sleep-container requires sleep-after".into());
         }
-        Ok(())
+        super::gates::validate(self)
     }
 }
 
@@ -559,5 +609,17 @@ mod tests {
         assert!(o.tls_redirect);
         let out = serde_json::to_string(&o).unwrap();
         assert!(!out.contains("sleep_after"));
+        // Unset gates are omitted, so files stay upstream-shaped and older files load.
+        for key in [
+            "allow_ips",
+            "rate_limit",
+            "basic_auth",
+            "redirects",
+            "request_timeout",
+        ] {
+            assert!(!out.contains(key), "{key} in {out}");
+        }
+        assert_eq!(o.rate_limit, 0.0);
+        assert!(o.allow_ips.is_empty() && o.basic_auth.is_empty());
     }
 }

@@ -117,6 +117,7 @@ impl Pebble {
         };
         let deadline = Instant::now() + Duration::from_secs(15);
         while std::net::TcpStream::connect(("127.0.0.1", listen_port)).is_err()
+            || std::net::TcpStream::connect(("127.0.0.1", management_port)).is_err()
             || std::net::TcpStream::connect(("127.0.0.1", dns_management)).is_err()
         {
             assert!(
@@ -137,18 +138,20 @@ impl Pebble {
             .tls_certs_only([reqwest::Certificate::from_pem(&ca).expect("ca pem")])
             .build()
             .expect("client");
-        let pem = client
-            .get(format!(
-                "https://localhost:{}/roots/0",
-                self.management_port
-            ))
-            .send()
-            .await
-            .expect("pebble root")
-            .bytes()
-            .await
-            .expect("pebble root body");
-        reqwest::Certificate::from_pem(&pem).expect("root pem")
+        let url = format!("https://localhost:{}/roots/0", self.management_port);
+        let mut last_error = String::new();
+        for _ in 0..50 {
+            match client.get(&url).send().await {
+                Ok(r) if r.status().is_success() => {
+                    let pem = r.bytes().await.expect("pebble root body");
+                    return reqwest::Certificate::from_pem(&pem).expect("root pem");
+                }
+                Ok(r) => last_error = format!("status {}", r.status()),
+                Err(e) => last_error = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("pebble root: {last_error}\n{}", self.logs());
     }
 
     pub fn logs(&self) -> String {

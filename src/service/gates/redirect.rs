@@ -1,0 +1,199 @@
+//! The redirect step: upstream's TLS and canonical-host redirects with the fork's
+//! `--redirect` rules folded in, so `http://www.x/old` → `https://x/new` is one hop.
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+
+use super::rules::{RuleSet, encode_path, is_full_url, split_query};
+use crate::observe::access::decoded_path;
+use crate::proxy::body::ResponseBody;
+use crate::service::options::ServiceOptions;
+use crate::service::{host_without_port, request_host};
+
+/// Where to send the client, if anywhere: (status, `Location`).
+pub fn location<B>(
+    req: &Request<B>,
+    o: &ServiceOptions,
+    rules: &RuleSet,
+    tls: bool,
+) -> Option<(StatusCode, String)> {
+    let raw_host = request_host(req).unwrap_or("");
+    let host = host_without_port(raw_host);
+    let want_https = !tls && o.tls_enabled && o.tls_redirect;
+    let want_host = (!o.canonical_host.is_empty() && o.canonical_host != host)
+        .then_some(o.canonical_host.as_str());
+    let scheme = if want_https || tls { "https" } else { "http" };
+    // A redirect that changes scheme or host drops the port (as upstream); a path-only
+    // rule keeps the Host the client used.
+    let target_host = match (want_https, want_host) {
+        (false, None) => raw_host,
+        (_, h) => h.unwrap_or(host),
+    };
+
+    if !rules.is_empty() {
+        let path = decoded_path(req.uri().path());
+        if let Some((expanded, status)) = rules.apply(&path) {
+            let query = req.uri().query();
+            let location = if is_full_url(&expanded) {
+                match (split_query(&expanded), query) {
+                    ((_, None), Some(q)) => format!("{expanded}?{q}"),
+                    _ => expanded.clone(),
+                }
+            } else {
+                // Always rebuilt on this scheme and host, so a captured `//evil.com` stays
+                // a path here.
+                let (new_path, own_query) = split_query(&expanded);
+                let mut l = format!("{scheme}://{target_host}{}", encode_path(new_path));
+                if let Some(q) = own_query.or(query) {
+                    l.push('?');
+                    l.push_str(q);
+                }
+                l
+            };
+            let current = {
+                let mut c = format!(
+                    "{}://{raw_host}{}",
+                    if tls { "https" } else { "http" },
+                    encode_path(&path)
+                );
+                if let Some(q) = query {
+                    c.push('?');
+                    c.push_str(q);
+                }
+                c
+            };
+            // A rule that resolves to the URL being requested would loop: skip it and let
+            // the TLS and canonical-host checks decide.
+            if location != current {
+                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::MOVED_PERMANENTLY);
+                return Some((status, location));
+            }
+        }
+    }
+
+    if !want_https && want_host.is_none() {
+        return None;
+    }
+    let pq = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    Some((
+        StatusCode::MOVED_PERMANENTLY,
+        format!("{scheme}://{target_host}{pq}"),
+    ))
+}
+
+/// The redirect response, as Go's `http.Redirect` writes it.
+pub fn response(method: &Method, status: StatusCode, location: &str) -> Response<ResponseBody> {
+    let body = if method == Method::GET {
+        format!(
+            "<a href=\"{}\">{}</a>.\n\n",
+            crate::proxy::pages::html_escape(location),
+            status.canonical_reason().unwrap_or("")
+        )
+    } else {
+        String::new()
+    };
+    let mut r = Response::new(ResponseBody::full(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = HeaderValue::from_str(location) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    if method == Method::GET || method == Method::HEAD {
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+    }
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::rules::Kind;
+    use super::*;
+
+    fn req(host: &str, pq: &str) -> Request<()> {
+        Request::builder()
+            .uri(pq)
+            .header(header::HOST, host)
+            .body(())
+            .unwrap()
+    }
+
+    fn rules(r: &[&str]) -> RuleSet {
+        RuleSet::parse(
+            &r.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            Kind::Redirect,
+        )
+        .unwrap()
+    }
+
+    fn opts() -> ServiceOptions {
+        ServiceOptions::default()
+    }
+
+    #[test]
+    fn rules_keep_host_and_port_and_carry_the_query() {
+        let r = rules(&["/old/(.*)=/new/$1"]);
+        assert_eq!(
+            location(&req("a.com:8080", "/old/x?q=1"), &opts(), &r, false),
+            Some((
+                StatusCode::MOVED_PERMANENTLY,
+                "http://a.com:8080/new/x?q=1".into()
+            ))
+        );
+        let r = rules(&["/old=/new?a=b;status=302"]);
+        assert_eq!(
+            location(&req("a.com", "/old?q=1"), &opts(), &r, false),
+            Some((StatusCode::FOUND, "http://a.com/new?a=b".into()))
+        );
+        assert_eq!(location(&req("a.com", "/other"), &opts(), &r, false), None);
+    }
+
+    #[test]
+    fn folds_into_the_canonical_and_tls_redirects() {
+        let mut o = opts();
+        o.canonical_host = "x.com".into();
+        o.tls_enabled = true;
+        o.tls_redirect = true;
+        let r = rules(&["/old=/new"]);
+        assert_eq!(
+            location(&req("www.x.com", "/old"), &o, &r, false),
+            Some((StatusCode::MOVED_PERMANENTLY, "https://x.com/new".into()))
+        );
+        assert_eq!(
+            location(&req("www.x.com", "/else?a"), &o, &r, false),
+            Some((StatusCode::MOVED_PERMANENTLY, "https://x.com/else?a".into()))
+        );
+    }
+
+    #[test]
+    fn no_loops_and_no_escapes() {
+        let r = rules(&["/(.*)=/$1"]);
+        assert_eq!(location(&req("a.com", "/same?x"), &opts(), &r, false), None);
+        // A bare "$1" replacement is refused at deploy; a captured `//host` stays a path
+        // on this host.
+        assert!(RuleSet::parse(&["/go(.*)=$1".into()], Kind::Redirect).is_err());
+        let r2 = rules(&["/go/(.*)=/$1"]);
+        assert_eq!(
+            location(&req("a.com", "/go//evil.com"), &opts(), &r2, false),
+            Some((
+                StatusCode::MOVED_PERMANENTLY,
+                "http://a.com//evil.com".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn full_urls_go_anywhere() {
+        let r = rules(&["/docs/(.*)=https://docs.example.com/$1;status=308"]);
+        assert_eq!(
+            location(&req("a.com", "/docs/x?v=2"), &opts(), &r, false),
+            Some((
+                StatusCode::PERMANENT_REDIRECT,
+                "https://docs.example.com/x?v=2".into()
+            ))
+        );
+    }
+}

@@ -1,0 +1,194 @@
+//! Denial of wallet, against the real Docker Engine: the access gates sit ahead of the
+//! sleep gate, so requests they deny, throttle, challenge or redirect never start a
+//! sleeping service's container; and a request deadline that fires while a request is
+//! held for a wake answers 504, never an empty 200.
+
+mod common;
+
+use common::docker::{self, TestContainer};
+use common::{Proxy, client};
+use std::time::{Duration, Instant};
+
+fn proxy() -> Proxy {
+    let socket = format!("--docker-socket={}", docker::docker_socket_path().display());
+    Proxy::start_with(&[&socket], &[])
+}
+
+fn app(prefix: &str, boot_delay: Duration) -> TestContainer {
+    let c = docker::run_app_container(prefix, boot_delay);
+    docker::wait_until_ready(&c).expect("app container ready");
+    c
+}
+
+fn state_of(p: &Proxy, service: &str) -> String {
+    p.list_json()["services"][service]["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+fn wait_until_sleeping(p: &Proxy, c: &TestContainer) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while state_of(p, "app") != "sleeping" {
+        assert!(
+            Instant::now() < deadline,
+            "never fell asleep\n{}",
+            p.logs().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!docker::is_running(&c.name));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_denied_throttled_unauthenticated_or_redirected_requests_start_nothing() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("gates-wallet", Duration::ZERO);
+    let p = proxy();
+    let target = format!("127.0.0.1:{}", c.port);
+    let container = format!("--sleep-container={}", c.name);
+    p.deploy(
+        "app",
+        &target,
+        &[
+            "--sleep-after=1s",
+            &container,
+            "--health-check-interval=200ms",
+            "--host=app.test,www.app.test",
+            "--canonical-host=app.test",
+            "--trusted-proxy=127.0.0.1",
+            "--allow-ip=10.0.0.0/8",
+            "--redirect=/old/(.*)=/new/$1",
+            "--rate-limit=0.01",
+            "--basic-auth=admin:hunter2",
+        ],
+    );
+    wait_until_sleeping(&p, &c);
+
+    let since = docker::now_unix();
+    let http = client();
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let requests = (0..1000).map(|i| {
+        let http = http.clone();
+        let url = p.url(&format!("/page/{i}"));
+        let old = p.url(&format!("/old/{i}"));
+        tokio::spawn(async move {
+            let req = match i % 5 {
+                // Outside the allow list (the forwarded client, resolved through the
+                // trusted proxy 127.0.0.1): 403.
+                0 => http
+                    .get(url)
+                    .header("host", "app.test")
+                    .header("x-forwarded-for", format!("198.51.100.{}", i % 250)),
+                // Allowed but not the canonical host: 301.
+                1 => http
+                    .get(url)
+                    .header("host", "www.app.test")
+                    .header("x-forwarded-for", "10.0.0.1"),
+                // A --redirect rule: 301.
+                2 => http
+                    .get(old)
+                    .header("host", "app.test")
+                    .header("x-forwarded-for", "10.0.0.1"),
+                // Wrong password (one client, so the rate limit throttles after the
+                // first): 401 once, then 429.
+                3 => http
+                    .post(url)
+                    .header("host", "app.test")
+                    .header("x-forwarded-for", "10.0.0.2")
+                    .basic_auth("admin", Some("guess")),
+                // No credentials at all, each from its own client: 401.
+                _ => http
+                    .get(url)
+                    .header("host", "app.test")
+                    .header("x-forwarded-for", format!("10.1.{}.{}", i / 250, i % 250)),
+            };
+            req.send().await.map(|r| r.status().as_u16())
+        })
+    });
+    for r in futures_util::future::join_all(requests).await {
+        *statuses.entry(r.unwrap().expect("request")).or_default() += 1;
+    }
+    eprintln!("statuses: {statuses:?}");
+    assert_eq!(statuses.get(&403), Some(&200));
+    assert_eq!(statuses.get(&301), Some(&400));
+    assert_eq!(statuses.get(&429), Some(&199));
+    assert_eq!(statuses.get(&401), Some(&201));
+    assert_eq!(statuses.values().sum::<usize>(), 1000);
+    assert!(!statuses.contains_key(&200));
+
+    assert_eq!(
+        docker::start_events_since(&c.name, since),
+        0,
+        "no container start for any gated request"
+    );
+    assert_eq!(state_of(&p, "app"), "sleeping");
+    assert!(!docker::is_running(&c.name));
+
+    // One authorised request wakes it, once.
+    let r = http
+        .get(p.url("/hello"))
+        .header("host", "app.test")
+        .header("x-forwarded-for", "10.9.9.9")
+        .basic_auth("admin", Some("hunter2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "gates-wallet");
+    assert_eq!(docker::start_events_since(&c.name, since), 1);
+    assert!(docker::is_running(&c.name));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deadline_that_fires_during_a_wake_answers_504_and_the_wake_completes() {
+    if !docker::require_docker() {
+        return;
+    }
+    // The app needs 2.5 s to listen after its container starts: longer than the deadline.
+    let c = app("gates-deadline", Duration::from_millis(2500));
+    let p = proxy();
+    let target = format!("127.0.0.1:{}", c.port);
+    let container = format!("--sleep-container={}", c.name);
+    p.deploy(
+        "app",
+        &target,
+        &[
+            "--sleep-after=1s",
+            &container,
+            "--health-check-interval=200ms",
+            "--request-timeout=800ms",
+        ],
+    );
+    wait_until_sleeping(&p, &c);
+
+    let since = docker::now_unix();
+    let http = client();
+    let started = Instant::now();
+    let r = http.get(p.url("/hello")).send().await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!(r.status(), 504, "a held request past its deadline is a 504");
+    assert!(
+        r.text().await.unwrap().contains("504"),
+        "with the 504 page, not an empty body"
+    );
+    assert!(
+        waited >= Duration::from_millis(700) && waited < Duration::from_millis(2400),
+        "{waited:?}"
+    );
+
+    // The wake is detached from the request: it completes, and the next request is served.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = http.get(p.url("/hello")).send().await.unwrap();
+        if r.status() == 200 {
+            assert_eq!(r.text().await.unwrap(), "gates-deadline");
+            break;
+        }
+        assert_eq!(r.status(), 504);
+        assert!(Instant::now() < deadline, "never woke");
+    }
+    assert_eq!(docker::start_events_since(&c.name, since), 1, "one wake");
+}
