@@ -169,6 +169,19 @@ async fn tls_mismatch_unknown_names_and_inherited_settings() {
         .await;
     assert!(err.is_err(), "handshake for a non-TLS host must fail");
 
+    // Inherited settings are saved and survive a restart, even under a wildcard host.
+    let mut proxy = proxy;
+    proxy.restart();
+    let rows = proxy.list_rows();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let client = https_client(&pem, "custom.test", proxy.https_port)
+        .http1_only()
+        .build()
+        .unwrap();
+    let base = format!("https://custom.test:{}", proxy.https_port);
+    let resp = client.get(format!("{base}/api/x")).send().await.unwrap();
+    assert_eq!(resp.text().await.unwrap(), "api");
+
     // After removing the root service, the prefix service falls back to no TLS.
     proxy.ok(&["remove", "web"]);
     let rows = proxy.list_rows();
@@ -402,4 +415,40 @@ async fn http3_request_succeeds_and_alt_svc_is_advertised() {
         "{:?}",
         proxy.logs()
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prefix_service_under_a_wildcard_tls_host_survives_a_restart() {
+    let web = Backend::start("web").await;
+    let api = Backend::start("api").await;
+    let mut proxy = Proxy::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path(), "wild", &["*.wild.test"]);
+    proxy.deploy(
+        "web",
+        &web.target(),
+        &[
+            "--host=*.wild.test",
+            "--tls",
+            &format!("--tls-certificate-path={}", cert.display()),
+            &format!("--tls-private-key-path={}", key.display()),
+        ],
+    );
+    proxy.deploy(
+        "api",
+        &api.target(),
+        &["--host=*.wild.test", "--path-prefix=/api"],
+    );
+    proxy.restart();
+    assert_eq!(proxy.list_rows().len(), 2, "{}", proxy.logs().join("\n"));
+    let client = https_client(&pem, "a.wild.test", proxy.https_port)
+        .build()
+        .unwrap();
+    let resp = client
+        .get(format!("https://a.wild.test:{}/api/x", proxy.https_port))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.text().await.unwrap(), "api");
 }

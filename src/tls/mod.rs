@@ -91,7 +91,9 @@ impl TlsContext {
 
     /// The certificate source a service's options ask for, with upstream's deploy errors.
     pub fn source_for(&self, o: &ServiceOptions) -> Result<Option<Arc<CertSource>>, String> {
-        if !o.tls_enabled {
+        // Path-prefix services only inherit TLS from the root service of their host, which
+        // answers the handshake; they have no certificates of their own (as upstream).
+        if !o.tls_enabled || !o.serves_root() {
             return Ok(None);
         }
         if !o.tls_certificate_path.is_empty() {
