@@ -10,6 +10,7 @@
 # Prints req/s for each and the ratio kamal-proxy ÷ nginx. Knobs (optional):
 #   DURATION=10   seconds per run        KP_BIN=path   skip `cargo build --release`
 #   ROUNDS=3      rounds, alternating kamal-proxy and nginx; the median of each is reported
+#   KP_STDOUT=/dev/null   where kamal-proxy's access log goes (as bench/run.sh; nginx logs nothing)
 #   BASE_PORT=18740 (uses BASE_PORT..+3)  PIN=1  taskset: proxy on CPU 0, load+upstream on CPU 1
 set -Eeuo pipefail
 
@@ -88,7 +89,7 @@ PIDS+=($!)
 
 export HOME="$WORK/home" KAMAL_PROXY_SOCKET="$WORK/kp.sock"
 mkdir -p "$HOME"
-"${CPU0[@]}" "$KP_BIN" run --http-port="$PORT_KP_HTTP" --https-port="$PORT_KP" >"$WORK/kp.log" 2>&1 &
+"${CPU0[@]}" "$KP_BIN" run --http-port="$PORT_KP_HTTP" --https-port="$PORT_KP" >"${KP_STDOUT:-/dev/null}" 2>"$WORK/kp.err" &
 KP_PID=$!
 PIDS+=($KP_PID)
 for _ in $(seq 1 100); do [[ -S "$KAMAL_PROXY_SOCKET" ]] && curl -s -o /dev/null "http://127.0.0.1:$PORT_UPSTREAM/" && break; sleep 0.1; done
@@ -96,7 +97,7 @@ for _ in $(seq 1 100); do [[ -S "$KAMAL_PROXY_SOCKET" ]] && curl -s -o /dev/null
     --tls-certificate-path="$WORK/cert.pem" --tls-private-key-path="$WORK/key.pem" \
     --health-check-path=/ >/dev/null
 for port in $PORT_KP $PORT_NGINX; do
-    curl -sk --fail -o /dev/null "https://localhost:$port/" || { echo "no answer on :$port" >&2; cat "$WORK/kp.log" >&2; exit 1; }
+    curl -sk --fail -o /dev/null "https://localhost:$port/" || { echo "no answer on :$port" >&2; cat "$WORK/kp.err" >&2; exit 1; }
 done
 
 h2load_rps() { # args...: prints req/s, fails the script on any failed request
