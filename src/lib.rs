@@ -12,3 +12,4 @@ pub mod proxy;
 pub mod router;
 pub mod server;
 pub mod service;
+pub mod tls;

@@ -87,6 +87,20 @@ fn io_text(e: &std::io::Error) -> String {
 /// Serves plain HTTP/1.x (upstream's HTTP port speaks no h2c) until `stop` is cancelled,
 /// then lets in-flight requests finish for up to [`SHUTDOWN_TIMEOUT`].
 pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, stop: CancellationToken) {
+    accept_loop(listener, stop, move |stream, client, draining| {
+        serve_connection(stream, client, proxy.clone(), false, draining)
+    })
+    .await
+}
+
+/// Accepts connections until `stop` is cancelled and serves each with `serve`; then
+/// cancels the `draining` token every connection got and waits up to
+/// [`SHUTDOWN_TIMEOUT`] for them to close.
+pub async fn accept_loop<F, Fut>(listener: TcpListener, stop: CancellationToken, serve: F)
+where
+    F: Fn(TcpStream, SocketAddr, CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     // Connections in flight; each holds a clone of the sender until it closes.
     let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
     let draining = CancellationToken::new();
@@ -105,11 +119,10 @@ pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, stop: Cancella
             }
         };
         let open = open_tx.clone();
-        let draining = draining.clone();
-        let proxy = proxy.clone();
+        let connection = serve(stream, client, draining.clone());
         tokio::spawn(async move {
             let _open = open;
-            serve_connection(stream, client, proxy, false, draining).await;
+            connection.await;
         });
     }
     drop(listener);
@@ -160,7 +173,7 @@ async fn serve_connection(
 }
 
 /// IPv4 clients on a dual-stack socket appear as `::ffff:a.b.c.d`; log them as IPv4.
-fn normalize(addr: SocketAddr) -> SocketAddr {
+pub(crate) fn normalize(addr: SocketAddr) -> SocketAddr {
     match addr {
         SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
             Some(v4) => SocketAddr::from((v4, v6.port())),
@@ -177,6 +190,15 @@ pub async fn handle(
 ) -> Response<ResponseBody> {
     if req.uri().path() == PING_PATH {
         return ping(req.method());
+    }
+    if req
+        .uri()
+        .path()
+        .starts_with(crate::tls::challenge::HTTP01_PREFIX)
+    {
+        if let Some(answer) = crate::tls::http01::answer(&proxy.router, &req) {
+            return answer;
+        }
     }
     let request_id = ensure_request_id(&mut req);
     ensure_request_start(&mut req);

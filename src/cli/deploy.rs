@@ -48,11 +48,11 @@ pub struct DeployCmd {
     #[arg(long = "tls-staging", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
     tls_staging: Option<bool>,
     /// Configure custom TLS certificate path (PEM format)
-    #[arg(long = "tls-certificate-path", default_value = "")]
-    tls_certificate_path: String,
+    #[arg(long = "tls-certificate-path")]
+    tls_certificate_path: Option<String>,
     /// Configure custom TLS private key path (PEM format)
-    #[arg(long = "tls-private-key-path", default_value = "")]
-    tls_private_key_path: String,
+    #[arg(long = "tls-private-key-path")]
+    tls_private_key_path: Option<String>,
     /// Location to store ACME assets [default: ~/.config/kamal-proxy/certs]
     #[arg(long = "tls-acme-cache-path")]
     tls_acme_cache_path: Option<String>,
@@ -183,6 +183,20 @@ impl DeployCmd {
         let Some(target) = &self.target else {
             return Err("required flag(s) \"target\" not set".into());
         };
+        // Cobra's flag group: both or neither, by presence (an empty value counts).
+        match (&self.tls_certificate_path, &self.tls_private_key_path) {
+            (Some(_), None) | (None, Some(_)) => {
+                let missing = if self.tls_certificate_path.is_none() {
+                    "tls-certificate-path"
+                } else {
+                    "tls-private-key-path"
+                };
+                return Err(format!(
+                    "if any flags in the group [tls-certificate-path tls-private-key-path] are set they must all be set; missing [{missing}]"
+                ));
+            }
+            _ => {}
+        }
         // Upstream checks presence, not value: Kamal sends `--buffer-requests="false"`
         // together with `--max-request-body`, which must pass.
         if self.max_request_body.is_some() && self.buffer_requests.is_none() {
@@ -206,8 +220,8 @@ impl DeployCmd {
             hosts: non_empty(self.host.clone()),
             path_prefixes: non_empty(self.path_prefix.clone()),
             tls_enabled: tls,
-            tls_certificate_path: self.tls_certificate_path.clone(),
-            tls_private_key_path: self.tls_private_key_path.clone(),
+            tls_certificate_path: self.tls_certificate_path.clone().unwrap_or_default(),
+            tls_private_key_path: self.tls_private_key_path.clone().unwrap_or_default(),
             tls_on_demand_url: self.tls_on_demand_url.clone(),
             tls_redirect: self.tls_redirect.unwrap_or(true),
             canonical_host: self.canonical_host.clone(),

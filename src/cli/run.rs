@@ -36,9 +36,16 @@ pub struct RunArgs {
     /// Publish metrics on the specified port (default zero to disable) [env: KAMAL_PROXY_METRICS_PORT, METRICS_PORT]
     #[arg(long = "metrics-port", value_parser = port, default_value_t = env_int("METRICS_PORT", 0))]
     metrics_port: u16,
-    /// Enable HTTP/3
+    /// Enable HTTP/3 (QUIC on the HTTPS port, advertised with Alt-Svc)
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, default_value_t = false, value_name = "BOOL")]
     http3: bool,
+    /// ACME directory URL for automatic certificates, unless a service uses --tls-staging
+    /// [default: Let's Encrypt production] [env: KAMAL_PROXY_ACME_DIRECTORY, ACME_DIRECTORY]
+    #[arg(long = "acme-directory", default_value_t = env_value("ACME_DIRECTORY").unwrap_or_default(), hide_default_value = true, value_name = "URL")]
+    acme_directory: String,
+    /// Contact email of the ACME account (optional) [env: KAMAL_PROXY_ACME_EMAIL, ACME_EMAIL]
+    #[arg(long = "acme-email", default_value_t = env_value("ACME_EMAIL").unwrap_or_default(), hide_default_value = true, value_name = "EMAIL")]
+    acme_email: String,
     /// Docker Engine socket used to stop and start sleeping services (empty = scale-to-zero
     /// disabled) [env: KAMAL_PROXY_DOCKER_SOCKET, DOCKER_SOCKET]
     #[arg(long = "docker-socket", default_value_t = env_value("DOCKER_SOCKET").unwrap_or_default())]
@@ -68,6 +75,8 @@ pub fn run(args: RunArgs) -> i32 {
 }
 
 async fn serve(args: RunArgs) -> Result<(), String> {
+    // Dev-dependencies can compile a second provider in; never let rustls guess.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let lifecycle: Option<Arc<dyn ContainerLifecycle>> = if args.docker_socket.is_empty() {
         None
     } else {
@@ -79,6 +88,13 @@ async fn serve(args: RunArgs) -> Result<(), String> {
     };
 
     let router = Router::new(crate::config::state_file_path(), lifecycle);
+    let acme_directory = if args.acme_directory.is_empty() {
+        crate::tls::cache::LETS_ENCRYPT_PRODUCTION.to_string()
+    } else {
+        args.acme_directory.clone()
+    };
+    let acme_email = (!args.acme_email.is_empty()).then(|| args.acme_email.clone());
+    router.configure_tls(acme_directory, acme_email);
     router.restore().await;
 
     let stop = CancellationToken::new();
@@ -94,9 +110,28 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         .local_addr()
         .map(|a| a.port())
         .unwrap_or(args.http_port);
+    let https = server::bind(args.https_port).await?;
+    let https_port = https
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or(args.https_port);
+    let tls_config = crate::tls::listener::server_config(Arc::new(
+        crate::tls::resolver::TlsResolver::new(router.clone()),
+    ));
+    #[cfg(feature = "http3")]
+    let h3_endpoint = if args.http3 {
+        Some(crate::tls::h3::bind(https_port, &tls_config)?)
+    } else {
+        None
+    };
+    #[cfg(not(feature = "http3"))]
     if args.http3 {
-        tracing::warn!("HTTP/3 is not available yet; serving HTTP/1.1 only");
+        return Err("HTTP/3 support was not compiled in (cargo feature \"http3\")".into());
     }
+    let alt_svc = args
+        .http3
+        .then(|| format!("h3=\":{https_port}\"; ma=2592000"))
+        .and_then(|v| http::HeaderValue::from_str(&v).ok());
     let control = ControlListener::bind(&crate::config::socket_path()).map_err(|e| {
         format!(
             "listen unix {}: {e}",
@@ -110,8 +145,22 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         https_port: args.https_port,
     });
     let control_task = tokio::spawn(control.serve(router.clone()));
-    let http_task = tokio::spawn(server::serve_http(http, proxy, stop.clone()));
-    tracing::info!(http = http_port, https = args.https_port, "Server started");
+    let http_task = tokio::spawn(server::serve_http(http, proxy.clone(), stop.clone()));
+    #[cfg(feature = "http3")]
+    if let Some(endpoint) = h3_endpoint {
+        tasks.push(tokio::spawn(crate::tls::h3::serve(
+            endpoint,
+            proxy.clone(),
+            stop.clone(),
+        )));
+    }
+    let https_shared = crate::tls::listener::Https::new(proxy, tls_config, alt_svc);
+    tasks.push(tokio::spawn(crate::tls::listener::serve_https(
+        https,
+        https_shared,
+        stop.clone(),
+    )));
+    tracing::info!(http = http_port, https = https_port, "Server started");
 
     wait_for_signal().await;
     control_task.abort();

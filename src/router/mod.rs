@@ -5,7 +5,7 @@
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 use tokio::sync::{Mutex, Notify};
 
@@ -21,6 +21,7 @@ use crate::service::options::{ServiceOptions, container_ref};
 use crate::service::pause::PauseController;
 use crate::service::sleep::{IdleController, IdleState, SleepConfig, SleepHooks};
 use crate::service::{Service, ServiceConfig};
+use crate::tls::TlsContext;
 use state::ServiceState;
 use table::RouteTable;
 
@@ -36,6 +37,8 @@ pub struct Router {
     lifecycle: Option<Arc<dyn ContainerLifecycle>>,
     /// Nudged by idle controllers when a service falls asleep or wakes.
     persist: Arc<Notify>,
+    /// Certificates: set by `run` from its ACME flags (see [`Router::configure_tls`]).
+    tls: OnceLock<Arc<TlsContext>>,
 }
 
 impl Router {
@@ -47,6 +50,7 @@ impl Router {
             probe_client: probe_client(),
             lifecycle,
             persist: Arc::new(Notify::new()),
+            tls: OnceLock::new(),
         });
         let weak = Arc::downgrade(&router);
         let persist = router.persist.clone();
@@ -67,6 +71,59 @@ impl Router {
         table
             .lookup(host, path)
             .map(|(s, prefix)| (s.clone(), prefix.clone()))
+    }
+
+    /// Sets the process-wide ACME settings; call once, before `restore`.
+    pub fn configure_tls(self: &Arc<Self>, acme_directory: String, acme_email: Option<String>) {
+        let weak = Arc::downgrade(self);
+        let still_wanted =
+            Arc::new(move |host: &str| weak.upgrade().is_some_and(|r| r.serves_acme_host(host)));
+        let _ = self
+            .tls
+            .set(TlsContext::new(acme_directory, acme_email, still_wanted));
+    }
+
+    pub fn tls(&self) -> &Arc<TlsContext> {
+        self.tls.get_or_init(|| {
+            TlsContext::new(
+                crate::tls::cache::LETS_ENCRYPT_PRODUCTION.into(),
+                None,
+                Arc::new(|_: &str| true),
+            )
+        })
+    }
+
+    /// Whether a host is still served with an ACME certificate (renewal goes on only then).
+    fn serves_acme_host(&self, host: &str) -> bool {
+        let Some((service, _)) = self.lookup(host, "/") else {
+            return false;
+        };
+        let config = service.config();
+        match config.tls.as_deref() {
+            Some(crate::tls::CertSource::Acme {
+                hosts, on_demand, ..
+            }) => config.options.tls_enabled && (on_demand.is_some() || hosts.contains(host)),
+            _ => false,
+        }
+    }
+
+    /// Used for handshakes without SNI: the first host of a TLS service that lists hosts
+    /// (the first such service by name, so the choice is stable).
+    pub fn default_tls_hostname(&self) -> Option<String> {
+        let table = self.table.load();
+        let mut candidates: Vec<(Arc<str>, String)> = table
+            .all_services()
+            .into_iter()
+            .filter_map(|s| {
+                let config = s.config();
+                let o = &config.options;
+                let first = o.hosts.first().filter(|h| !h.is_empty())?;
+                (o.tls_enabled && o.tls_on_demand_url.is_empty() && o.serves_root())
+                    .then(|| (s.name.clone(), first.clone()))
+            })
+            .collect();
+        candidates.sort();
+        candidates.into_iter().next().map(|(_, host)| host)
     }
 
     pub fn state_path(&self) -> &std::path::Path {
@@ -118,7 +175,9 @@ impl Router {
     }
 
     fn restore_service(self: &Arc<Self>, s: &ServiceState) -> Result<Arc<Service>, String> {
-        let config = ServiceConfig::build(&s.name, s.options.clone(), s.target_options.clone())?;
+        let mut config =
+            ServiceConfig::build(&s.name, s.options.clone(), s.target_options.clone())?;
+        config.tls = self.tls().source_for(&s.options)?;
         let lb = LoadBalancer::new(
             &s.name,
             &s.active_targets,
@@ -212,8 +271,12 @@ impl Router {
                 lb.stop_health_checks();
                 return Err("host settings conflict with another service".into());
             }
-            let config = match ServiceConfig::build(&name, options.clone(), target_options.clone())
-            {
+            let built = ServiceConfig::build(&name, options.clone(), target_options.clone())
+                .and_then(|mut c| {
+                    c.tls = self.tls().source_for(&options)?;
+                    Ok(c)
+                });
+            let config = match built {
                 Ok(c) => c,
                 Err(e) => {
                     lb.stop_health_checks();
@@ -455,8 +518,9 @@ impl Router {
     }
 
     fn publish(&self, services: &BTreeMap<String, Arc<Service>>) {
-        self.table
-            .store(Arc::new(RouteTable::build(services.values())));
+        let table = RouteTable::build(services.values());
+        inherit_tls_settings(&table, services);
+        self.table.store(Arc::new(table));
     }
 
     fn save(&self, services: &BTreeMap<String, Arc<Service>>) {
@@ -471,6 +535,32 @@ impl Router {
         let services = self.services.lock().await;
         for s in services.values() {
             s.active().stop_health_checks();
+        }
+    }
+}
+
+/// Upstream §3.4: a service that does not serve `/` takes its TLS settings from the
+/// root-path service of its first host (or the defaults when there is none), so a
+/// path-prefix service under a TLS host is redirected and served over HTTPS alike.
+fn inherit_tls_settings(table: &RouteTable, services: &BTreeMap<String, Arc<Service>>) {
+    for service in services.values() {
+        let config = service.config();
+        if config.options.serves_root() {
+            continue;
+        }
+        let first = config.options.hosts.first().map_or("", String::as_str);
+        let (tls, redirect) = table
+            .service_for_host(first)
+            .filter(|root| root.config().options.serves_root())
+            .map_or((false, true), |root| {
+                let o = &root.config().options;
+                (o.tls_enabled, o.tls_redirect)
+            });
+        if config.options.tls_enabled != tls || config.options.tls_redirect != redirect {
+            let mut updated = ServiceConfig::clone(&config);
+            updated.options.tls_enabled = tls;
+            updated.options.tls_redirect = redirect;
+            service.set_config(updated);
         }
     }
 }

@@ -23,6 +23,7 @@ use pause::{PauseController, PauseOutcome};
 use sleep::{HealthAnswer, IdleController, WakeError};
 
 /// Options compiled for the request path; swapped whole on redeploy.
+#[derive(Clone)]
 pub struct ServiceConfig {
     pub options: ServiceOptions,
     pub target_options: TargetOptions,
@@ -31,7 +32,10 @@ pub struct ServiceConfig {
     pub log_request_headers: Vec<(String, HeaderName)>,
     pub log_response_headers: Arc<Vec<String>>,
     /// Allow list, redirects, rate limit, basic auth, rewrites, deadline: compiled.
-    pub gates: Gates,
+    /// Shared, so a config re-issued with inherited TLS settings keeps the same budgets.
+    pub gates: Arc<Gates>,
+    /// Where certificates come from when TLS is on (set by the router at deploy).
+    pub tls: Option<Arc<crate::tls::CertSource>>,
 }
 
 impl ServiceConfig {
@@ -65,12 +69,13 @@ impl ServiceConfig {
         }
         let gates = Gates::compile(name, &options)?;
         Ok(ServiceConfig {
-            gates,
+            gates: Arc::new(gates),
             log_response_headers: Arc::new(target_options.log_response_headers.clone()),
             options,
             target_options,
             pages,
             log_request_headers,
+            tls: None,
         })
     }
 

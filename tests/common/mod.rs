@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod docker;
+pub mod pebble;
 pub mod raw;
 
 use std::io::{BufRead, BufReader};
@@ -20,6 +21,8 @@ pub struct Proxy {
     child: Option<Child>,
     pub dir: tempfile::TempDir,
     pub http_port: u16,
+    /// The HTTPS port actually bound (kernel-chosen unless the test passes `--https-port`).
+    pub https_port: u16,
     pub metrics_port: Option<u16>,
     extra_args: Vec<String>,
     extra_env: Vec<(String, String)>,
@@ -38,6 +41,7 @@ impl Proxy {
             child: None,
             dir,
             http_port: 0,
+            https_port: 0,
             metrics_port: None,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
             extra_env: env
@@ -83,9 +87,16 @@ impl Proxy {
             self.http_port.to_string()
         };
         let mut cmd = self.command();
-        cmd.arg("run")
-            .arg(format!("--http-port={port}"))
-            .args(&self.extra_args);
+        cmd.arg("run").arg(format!("--http-port={port}"));
+        // Never the default 443: tests run side by side. A restart keeps its port.
+        if !self
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--https-port"))
+        {
+            cmd.arg(format!("--https-port={}", self.https_port));
+        }
+        cmd.args(&self.extra_args);
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -121,6 +132,7 @@ impl Proxy {
         let started: Result<String, ()> = started;
         let v: serde_json::Value = serde_json::from_str(&started.unwrap()).expect("json");
         self.http_port = v["http"].as_u64().expect("http port") as u16;
+        self.https_port = v["https"].as_u64().expect("https port") as u16;
     }
 
     /// SIGTERM, wait for exit, start again with the same home (and HTTP port).

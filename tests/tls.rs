@@ -1,0 +1,454 @@
+//! HTTPS without an ACME server: custom certificates chosen by SNI, HTTP/2 by ALPN, the
+//! HTTP → HTTPS redirect, the TLS mismatch, TLS inherited by path-prefix services, deploy
+//! errors, and HTTP/3.
+
+mod common;
+use common::pebble::self_signed;
+use common::{Proxy, backend::Backend};
+use std::net::SocketAddr;
+
+fn https_client(cert_pem: &str, host: &str, port: u16) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .tls_certs_only([reqwest::Certificate::from_pem(cert_pem.as_bytes()).unwrap()])
+        .tls_info(true)
+        .resolve(host, SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+fn peer_certificate(resp: &reqwest::Response) -> Vec<u8> {
+    resp.extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .and_then(|i| i.peer_certificate())
+        .map(<[u8]>::to_vec)
+        .expect("peer certificate")
+}
+
+fn pem_der(pem: &str) -> Vec<u8> {
+    use rustls_pki_types::pem::PemObject;
+    rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+        .unwrap()
+        .to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn custom_certificate_served_over_h2_with_redirect_and_reload_on_redeploy() {
+    let backend = Backend::start("one").await;
+    let proxy = Proxy::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
+    let cert_flag = format!("--tls-certificate-path={}", cert.display());
+    let key_flag = format!("--tls-private-key-path={}", key.display());
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &["--host=custom.test", "--tls", &cert_flag, &key_flag],
+    );
+
+    let client = https_client(&pem, "custom.test", proxy.https_port)
+        .build()
+        .unwrap();
+    let url = format!("https://custom.test:{}/hello", proxy.https_port);
+    let resp = client.get(&url).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), reqwest::Version::HTTP_2, "h2 by ALPN");
+    assert_eq!(peer_certificate(&resp), pem_der(&pem));
+    assert!(
+        resp.headers().get("alt-svc").is_none(),
+        "no Alt-Svc without --http3"
+    );
+    assert_eq!(resp.text().await.unwrap(), "one");
+
+    let h1 = https_client(&pem, "custom.test", proxy.https_port)
+        .http1_only()
+        .build()
+        .unwrap();
+    let resp = h1.get(&url).send().await.unwrap();
+    assert_eq!(resp.version(), reqwest::Version::HTTP_11);
+    assert_eq!(resp.status(), 200);
+
+    let log = proxy.access_log();
+    let line = log
+        .iter()
+        .find(|l| l["proto"] == "HTTP/2.0")
+        .expect("h2 log line");
+    assert_eq!(line["scheme"], "https");
+    assert_eq!(line["service"], "app");
+
+    // Plain HTTP is redirected, port dropped, path and query kept.
+    let r = proxy.get("custom.test", "/a/b?x=1").await;
+    assert_eq!(r.status, 301);
+    assert_eq!(r.header("location"), "https://custom.test/a/b?x=1");
+    assert_eq!(proxy.list_rows()[0][5], "yes");
+
+    // The files are read again on redeploy.
+    let (_, _, pem2) = self_signed(dir.path(), "site", &["custom.test"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &["--host=custom.test", "--tls", &cert_flag, &key_flag],
+    );
+    let client2 = https_client(&pem2, "custom.test", proxy.https_port)
+        .build()
+        .unwrap();
+    let resp = client2.get(&url).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(peer_certificate(&resp), pem_der(&pem2));
+
+    // --tls-redirect=false serves both schemes.
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &[
+            "--host=custom.test",
+            "--tls",
+            "--tls-redirect=false",
+            &cert_flag,
+            &key_flag,
+        ],
+    );
+    assert_eq!(proxy.get("custom.test", "/").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_mismatch_unknown_names_and_inherited_settings() {
+    let web = Backend::start("web").await;
+    let api = Backend::start("api").await;
+    let plain = Backend::start("plain").await;
+    let proxy = Proxy::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
+    let cert_flag = format!("--tls-certificate-path={}", cert.display());
+    let key_flag = format!("--tls-private-key-path={}", key.display());
+    proxy.deploy(
+        "web",
+        &web.target(),
+        &["--host=custom.test", "--tls", &cert_flag, &key_flag],
+    );
+    proxy.deploy(
+        "api",
+        &api.target(),
+        &["--host=custom.test", "--path-prefix=/api"],
+    );
+    proxy.deploy("plain", &plain.target(), &["--host=plain.test"]);
+
+    let client = https_client(&pem, "custom.test", proxy.https_port)
+        .http1_only()
+        .build()
+        .unwrap();
+    let base = format!("https://custom.test:{}", proxy.https_port);
+
+    // The path-prefix service inherits TLS from the root service of its host.
+    let resp = client.get(format!("{base}/api/x")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.text().await.unwrap(), "api");
+    let r = proxy.get("custom.test", "/api/x").await;
+    assert_eq!(r.status, 301);
+    assert_eq!(r.header("location"), "https://custom.test/api/x");
+    let rows = proxy.list_rows();
+    let api_row = rows.iter().find(|r| r[0] == "api").unwrap();
+    assert_eq!(api_row[5], "yes");
+
+    // SNI picks a TLS service but the Host routes to a non-TLS one: 503.
+    let resp = client
+        .get(format!("{base}/"))
+        .header("host", "plain.test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(plain.hits(), 0);
+
+    // A name no TLS service answers for fails the handshake.
+    let other = https_client(&pem, "plain.test", proxy.https_port)
+        .build()
+        .unwrap();
+    let err = other
+        .get(format!("https://plain.test:{}/", proxy.https_port))
+        .send()
+        .await;
+    assert!(err.is_err(), "handshake for a non-TLS host must fail");
+
+    // Inherited settings are saved and survive a restart, even under a wildcard host.
+    let mut proxy = proxy;
+    proxy.restart();
+    let rows = proxy.list_rows();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let client = https_client(&pem, "custom.test", proxy.https_port)
+        .http1_only()
+        .build()
+        .unwrap();
+    let base = format!("https://custom.test:{}", proxy.https_port);
+    let resp = client.get(format!("{base}/api/x")).send().await.unwrap();
+    assert_eq!(resp.text().await.unwrap(), "api");
+
+    // After removing the root service, the prefix service falls back to no TLS.
+    proxy.ok(&["remove", "web"]);
+    let rows = proxy.list_rows();
+    let api_row = rows.iter().find(|r| r[0] == "api").unwrap();
+    assert_eq!(api_row[5], "no");
+    assert_eq!(proxy.get("custom.test", "/api/x").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_http_to_the_https_port_gets_go_s_400() {
+    let proxy = Proxy::start();
+    let r = common::client()
+        .get(format!("http://127.0.0.1:{}/", proxy.https_port))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.text().await.unwrap(),
+        "Client sent an HTTP request to an HTTPS server.\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn certificate_deploy_errors_as_upstream() {
+    let backend = Backend::start("one").await;
+    let proxy = Proxy::start();
+    let target = format!("--target={}", backend.target());
+    let err = proxy.fails(&[
+        "deploy",
+        "app",
+        &target,
+        "--host=a.test",
+        "--tls",
+        "--tls-certificate-path=/nonexistent/cert.pem",
+        "--tls-private-key-path=/nonexistent/key.pem",
+    ]);
+    assert_eq!(err, "Error: unable to load certificate\n");
+    let err = proxy.fails(&[
+        "deploy",
+        "app",
+        &target,
+        "--host=a.test",
+        "--tls",
+        "--tls-certificate-path=/x/cert.pem",
+    ]);
+    assert_eq!(
+        err,
+        "Error: if any flags in the group [tls-certificate-path tls-private-key-path] are set they must all be set; missing [tls-private-key-path]\n"
+    );
+    let err = proxy.fails(&["deploy", "app", &target, "--host=*.a.test", "--tls"]);
+    assert_eq!(err, "Error: automatic TLS does not support wildcards\n");
+
+    // A mismatched key is refused too; nothing was deployed.
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, _, _) = self_signed(dir.path(), "one", &["a.test"]);
+    let (_, other_key, _) = self_signed(dir.path(), "two", &["a.test"]);
+    let err = proxy.fails(&[
+        "deploy",
+        "app",
+        &target,
+        "--host=a.test",
+        "--tls",
+        &format!("--tls-certificate-path={}", cert.display()),
+        &format!("--tls-private-key-path={}", other_key.display()),
+    ]);
+    assert_eq!(err, "Error: unable to load certificate\n");
+    assert!(proxy.list_rows().is_empty());
+
+    // Wildcards are fine with a custom certificate.
+    let (cert, key, _) = self_signed(dir.path(), "wild", &["*.a.test"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &[
+            "--host=*.a.test",
+            "--tls",
+            &format!("--tls-certificate-path={}", cert.display()),
+            &format!("--tls-private-key-path={}", key.display()),
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handshake_without_sni_uses_the_default_tls_hostname() {
+    let backend = Backend::start("one").await;
+    let proxy = Proxy::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &[
+            "--host=custom.test",
+            "--tls",
+            &format!("--tls-certificate-path={}", cert.display()),
+            &format!("--tls-private-key-path={}", key.display()),
+        ],
+    );
+    // An IP address is never sent as SNI.
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .danger_accept_invalid_certs(true)
+        .tls_info(true)
+        .build()
+        .unwrap();
+    let resp = client
+        .get(format!("https://127.0.0.1:{}/", proxy.https_port))
+        .header("host", "custom.test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(peer_certificate(&resp), pem_der(&pem));
+    assert!(proxy.wait_for_log(
+        |l| l.contains("No server name; using default TLS hostname"),
+        std::time::Duration::from_secs(5)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_services_survive_a_restart() {
+    let backend = Backend::start("one").await;
+    let mut proxy = Proxy::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &[
+            "--host=custom.test",
+            "--tls",
+            &format!("--tls-certificate-path={}", cert.display()),
+            &format!("--tls-private-key-path={}", key.display()),
+        ],
+    );
+    proxy.restart();
+    let client = https_client(&pem, "custom.test", proxy.https_port)
+        .build()
+        .unwrap();
+    let resp = client
+        .get(format!("https://custom.test:{}/", proxy.https_port))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(proxy.get("custom.test", "/").await.status, 301);
+    assert_eq!(proxy.list_rows()[0][5], "yes");
+}
+
+#[cfg(feature = "http3")]
+#[tokio::test(flavor = "multi_thread")]
+async fn http3_request_succeeds_and_alt_svc_is_advertised() {
+    use bytes::Buf;
+    let backend = Backend::start("one").await;
+    // HTTP/3 needs the UDP port to match the TCP one: pick it up front.
+    let port = common::pebble::free_port();
+    let proxy = Proxy::start_with(&["--http3", &format!("--https-port={port}")], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
+    proxy.deploy(
+        "app",
+        &backend.target(),
+        &[
+            "--host=custom.test",
+            "--tls",
+            &format!("--tls-certificate-path={}", cert.display()),
+            &format!("--tls-private-key-path={}", key.display()),
+        ],
+    );
+
+    let client = https_client(&pem, "custom.test", port).build().unwrap();
+    let resp = client
+        .get(format!("https://custom.test:{port}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers().get("alt-svc").unwrap(),
+        &format!("h3=\":{port}\"; ma=2592000")
+    );
+
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls_pki_types::CertificateDer::from(pem_der(&pem)))
+        .unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_protocol_versions(&[&rustls::version::TLS13])
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(quic)));
+    let conn = endpoint
+        .connect(SocketAddr::from(([127, 0, 0, 1], port)), "custom.test")
+        .unwrap()
+        .await
+        .expect("QUIC handshake");
+    let (mut driver, mut send_request) = h3::client::new(h3_quinn::Connection::new(conn))
+        .await
+        .unwrap();
+    let drive = tokio::spawn(async move {
+        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+    });
+    let req = http::Request::get(format!("https://custom.test:{port}/echo"))
+        .body(())
+        .unwrap();
+    let mut stream = send_request.send_request(req).await.unwrap();
+    stream.finish().await.unwrap();
+    let resp = stream.recv_response().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("alt-svc").is_none());
+    let mut body = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+        body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+    }
+    let echo: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(echo["method"], "GET");
+    assert_eq!(echo["headers"]["x-forwarded-proto"], "https");
+    drop(send_request);
+    drive.abort();
+
+    assert!(
+        proxy.wait_for_log(
+            |l| l.contains("\"proto\":\"HTTP/3.0\"")
+                && l.contains("\"status\":200")
+                && l.contains("\"scheme\":\"https\""),
+            std::time::Duration::from_secs(5)
+        ),
+        "{:?}",
+        proxy.logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prefix_service_under_a_wildcard_tls_host_survives_a_restart() {
+    let web = Backend::start("web").await;
+    let api = Backend::start("api").await;
+    let mut proxy = Proxy::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path(), "wild", &["*.wild.test"]);
+    proxy.deploy(
+        "web",
+        &web.target(),
+        &[
+            "--host=*.wild.test",
+            "--tls",
+            &format!("--tls-certificate-path={}", cert.display()),
+            &format!("--tls-private-key-path={}", key.display()),
+        ],
+    );
+    proxy.deploy(
+        "api",
+        &api.target(),
+        &["--host=*.wild.test", "--path-prefix=/api"],
+    );
+    proxy.restart();
+    assert_eq!(proxy.list_rows().len(), 2, "{}", proxy.logs().join("\n"));
+    let client = https_client(&pem, "a.wild.test", proxy.https_port)
+        .build()
+        .unwrap();
+    let resp = client
+        .get(format!("https://a.wild.test:{}/api/x", proxy.https_port))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.text().await.unwrap(), "api");
+}
