@@ -263,6 +263,17 @@ pub fn decoded_path(raw: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
+/// Hands the completion to the response: the access log and in-flight counts then end
+/// with its body. Every response the proxy returns goes through here.
+pub fn finish(
+    mut response: http::Response<crate::proxy::body::ResponseBody>,
+    mut completion: Completion,
+) -> http::Response<crate::proxy::body::ResponseBody> {
+    completion.set_response(response.status().as_u16(), response.headers());
+    response.body_mut().attach(completion);
+    response
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

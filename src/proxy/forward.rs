@@ -15,7 +15,7 @@ use super::buffer::{BufferError, SpillBuffer};
 use super::headers::{self, ForwardedFor};
 use super::pages::{ErrorPages, error_response};
 use crate::balancer::Target;
-use crate::observe::access::Completion;
+use crate::observe::access::{Completion, finish};
 use crate::service::options::TargetOptions;
 
 pub type UpstreamClient = Client<HttpConnector, RequestBody>;
@@ -297,15 +297,6 @@ impl Forwarder {
             completion,
         )
     }
-}
-
-fn finish(
-    mut response: Response<ResponseBody>,
-    mut completion: Completion,
-) -> Response<ResponseBody> {
-    completion.set_response(response.status().as_u16(), response.headers());
-    response.body_mut().attach(completion);
-    response
 }
 
 fn is_event_stream(h: &http::HeaderMap) -> bool {

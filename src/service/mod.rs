@@ -13,6 +13,7 @@ pub mod pause;
 pub mod sleep;
 
 use crate::balancer::LoadBalancer;
+pub use crate::observe::access::finish;
 use crate::observe::access::{Completion, header_values, log_key};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::pages::{ErrorPages, error_response};
@@ -338,15 +339,6 @@ fn client_ip_header_to_forwarded_for(req: &mut Request<Incoming>, name: &str) {
     };
     req.headers_mut()
         .insert(&crate::proxy::headers::X_FORWARDED_FOR, value);
-}
-
-pub fn finish(
-    mut response: Response<ResponseBody>,
-    mut completion: Completion,
-) -> Response<ResponseBody> {
-    completion.set_response(response.status().as_u16(), response.headers());
-    response.body_mut().attach(completion);
-    response
 }
 
 fn empty(status: StatusCode) -> Response<ResponseBody> {
