@@ -4,6 +4,7 @@
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
+use std::error::Error as _;
 
 pub mod deploy;
 pub mod list;
@@ -186,8 +187,6 @@ fn report_parse_error(e: clap::Error) -> i32 {
     eprintln!("Error: {message}");
     1
 }
-
-use std::error::Error as _;
 
 /// Flag value parsers with Go's semantics.
 pub mod values {
