@@ -1,8 +1,10 @@
 use super::*;
-use crate::lifecycle::LifecycleFuture;
+use crate::lifecycle::{LifecycleError, LifecycleFuture};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
-use tokio::time::sleep;
+use tokio::time::{sleep, sleep_until};
+
+use super::transitions::backoff;
 
 const SLEEP_AFTER: Duration = Duration::from_secs(60);
 const WAKE_TIMEOUT: Duration = Duration::from_secs(30);
