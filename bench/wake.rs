@@ -61,20 +61,15 @@ async fn direct_start_to_ready(
     out
 }
 
-fn state_of(p: &Proxy) -> String {
-    let out = p.ok(&["list", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&out).expect("list --json");
-    v["services"]["app"]["state"]
-        .as_str()
-        .unwrap_or("")
-        .to_string()
-}
-
 fn wait_asleep(p: &Proxy, c: &TestContainer) {
+    p.wait_for_state("app", "sleeping", Duration::from_secs(30));
     let deadline = Instant::now() + Duration::from_secs(30);
-    while state_of(p) != "sleeping" || docker::is_running(&c.name) {
-        assert!(Instant::now() < deadline, "service did not fall asleep");
-        std::thread::sleep(Duration::from_millis(50));
+    while docker::is_running(&c.name) {
+        assert!(
+            Instant::now() < deadline,
+            "container still running while asleep"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -20,23 +20,8 @@ fn app(prefix: &str, boot_delay: Duration) -> TestContainer {
     c
 }
 
-fn state_of(p: &Proxy, service: &str) -> String {
-    p.list_json()["services"][service]["state"]
-        .as_str()
-        .unwrap_or("")
-        .to_string()
-}
-
 fn wait_until_sleeping(p: &Proxy, c: &TestContainer) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while state_of(p, "app") != "sleeping" {
-        assert!(
-            Instant::now() < deadline,
-            "never fell asleep\n{}",
-            p.logs().join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    p.wait_for_state("app", "sleeping", Duration::from_secs(20));
     assert!(!docker::is_running(&c.name));
 }
 
@@ -124,7 +109,7 @@ async fn a_thousand_denied_throttled_unauthenticated_or_redirected_requests_star
         0,
         "no container start for any gated request"
     );
-    assert_eq!(state_of(&p, "app"), "sleeping");
+    assert_eq!(p.state_of("app"), "sleeping");
     assert!(!docker::is_running(&c.name));
 
     // One authorised request wakes it, once.

@@ -32,34 +32,8 @@ fn deploy_sleepy(p: &Proxy, c: &TestContainer, extra: &[&str]) {
     p.deploy("app", &target, &flags);
 }
 
-fn state_of(p: &Proxy, service: &str) -> String {
-    let out = p.ok(&["list", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&out).expect("list --json");
-    v["services"][service]["state"]
-        .as_str()
-        .unwrap_or("")
-        .to_string()
-}
-
-/// Polls `list --json` until the service shows `state`.
-fn wait_for_state(p: &Proxy, service: &str, state: &str, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let now = state_of(p, service);
-        if now == state {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "service {service} stayed {now:?}, expected {state:?}\n{}",
-            p.logs().join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn asleep(p: &Proxy, c: &TestContainer) {
-    wait_for_state(p, "app", "sleeping", Duration::from_secs(20));
+    p.wait_for_state("app", "sleeping", Duration::from_secs(20));
     assert!(
         !docker::is_running(&c.name),
         "container still running while sleeping"
@@ -95,7 +69,7 @@ async fn sleeps_when_idle_and_twenty_concurrent_requests_wake_it_once() {
         "exactly one container start"
     );
     assert!(docker::is_running(&c.name));
-    assert_eq!(state_of(&p, "app"), "running");
+    assert_eq!(p.state_of("app"), "running");
 
     // And it falls asleep again once idle.
     asleep(&p, &c);
@@ -150,7 +124,7 @@ async fn health_checks_while_asleep_are_answered_without_a_start() {
     }
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(docker::start_events_since(&c.name, since), 0);
-    assert_eq!(state_of(&p, "app"), "sleeping");
+    assert_eq!(p.state_of("app"), "sleeping");
     assert!(!docker::is_running(&c.name));
 }
 
@@ -205,7 +179,7 @@ async fn a_restart_while_asleep_keeps_it_asleep_until_a_request_comes() {
 
     let since = docker::now_unix();
     p.restart();
-    assert_eq!(state_of(&p, "app"), "sleeping");
+    assert_eq!(p.state_of("app"), "sleeping");
     std::thread::sleep(Duration::from_secs(1));
     assert!(!docker::is_running(&c.name));
     assert_eq!(
@@ -247,7 +221,7 @@ async fn an_open_websocket_keeps_the_service_awake() {
     );
     // Three times --sleep-after with the socket open and silent.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(state_of(&p, "app"), "running");
+    assert_eq!(p.state_of("app"), "running");
     assert!(docker::is_running(&c.name));
     ws.send(Message::text("still here")).await.unwrap();
     assert_eq!(
@@ -414,5 +388,5 @@ async fn a_rewrite_that_matches_the_health_path_does_not_wake_it() {
     assert_eq!(r.status(), 200);
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(docker::start_events_since(&c.name, since), 0);
-    assert_eq!(state_of(&p, "app"), "sleeping");
+    assert_eq!(p.state_of("app"), "sleeping");
 }

@@ -343,6 +343,31 @@ impl Proxy {
         let out = self.ok(&["list", "--json"]);
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("list --json: {e}: {out}"))
     }
+
+    /// The `state` a service shows in `list --json` (`running`, `sleeping`, …; "" if absent).
+    pub fn state_of(&self, service: &str) -> String {
+        self.list_json()["services"][service]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    /// Polls `list --json` until the service shows `state`; panics with the log otherwise.
+    pub fn wait_for_state(&self, service: &str, state: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.state_of(service);
+            if now == state {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "service {service} stayed {now:?}, expected {state:?}\n{}",
+                self.logs().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 pub fn strip_ansi(s: &str) -> String {
