@@ -269,14 +269,7 @@ impl Shared {
             }
             return;
         }
-        for (container, error) in &report.failed {
-            tracing::warn!(
-                service = %self.service,
-                containers = %container,
-                error = %error,
-                "Failed to stop idle container"
-            );
-        }
+        self.log_stop_failures(&report.failed, "Failed to stop idle container");
         // Held requests stay held until the service can serve again.
         self.recover(
             generation,
@@ -445,14 +438,10 @@ impl Shared {
             self.settle(generation, IdleState::Sleeping, |_| self.hooks.suspend());
             return;
         }
-        for (container, error) in &report.failed {
-            tracing::warn!(
-                service = %self.service,
-                containers = %container,
-                error = %error,
-                "Failed to stop container after a failed wake"
-            );
-        }
+        self.log_stop_failures(
+            &report.failed,
+            "Failed to stop container after a failed wake",
+        );
         self.recover(
             generation,
             &report.stopped,
@@ -464,6 +453,15 @@ impl Shared {
 
 /// Whether a failed start may still have left the container running (the daemon did not
 /// answer, so it may have acted); a definite refusal means it did not start.
+impl Shared {
+    /// One warning per container that would not stop; the message says which recovery.
+    fn log_stop_failures(&self, failed: &[(String, LifecycleError)], message: &'static str) {
+        for (container, error) in failed {
+            tracing::warn!(service = %self.service, containers = %container, error = %error, "{}", message);
+        }
+    }
+}
+
 pub(super) fn may_have_started(error: &LifecycleError) -> bool {
     matches!(
         error,
