@@ -150,9 +150,45 @@ pub fn set_target_header(headers: &mut HeaderMap, address: &str, trust_client: b
     }
 }
 
+/// An IP address rendered on the stack: one is formatted for every proxied request
+/// (`X-Forwarded-For`), so it should not cost an allocation.
+pub struct IpText {
+    buf: [u8; 45],
+    len: usize,
+}
+
+impl IpText {
+    pub fn new(ip: std::net::IpAddr) -> Self {
+        use std::io::Write;
+        // 45 bytes hold the longest textual IPv6 address (IPv4-mapped form).
+        let mut buf = [0u8; 45];
+        let mut cursor = std::io::Cursor::new(&mut buf[..]);
+        let _ = write!(cursor, "{ip}");
+        let len = cursor.position() as usize;
+        IpText { buf, len }
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ip_text_matches_display() {
+        for ip in [
+            "127.0.0.1",
+            "::1",
+            "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255",
+            "2001:db8::42",
+        ] {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            assert_eq!(IpText::new(ip).as_str(), ip.to_string());
+        }
+    }
 
     fn hv(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).unwrap()

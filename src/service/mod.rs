@@ -292,7 +292,7 @@ impl Service {
         if !config.options.client_ip_header.is_empty() {
             client_ip_header_to_forwarded_for(&mut req, &config.options.client_ip_header);
         }
-        let client_ip = conn.client.ip().to_string();
+        let client_ip = crate::proxy::headers::IpText::new(conn.client.ip());
         forwarder
             .forward(
                 req,
@@ -301,7 +301,7 @@ impl Service {
                     path_and_query,
                     options: &config.target_options,
                     pages,
-                    client_ip: &client_ip,
+                    client_ip: client_ip.as_str(),
                     tls: conn.tls,
                     deadline,
                 },
