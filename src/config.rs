@@ -59,30 +59,74 @@ pub fn socket_path() -> PathBuf {
     dir.join("kamal-proxy.sock")
 }
 
-/// `$HOME/.config/kamal-proxy`, created with mode 0700; the temp dir when that fails.
-pub fn data_dir() -> PathBuf {
+/// `$HOME/.config/kamal-proxy`, as upstream. Only computed here: the server creates and
+/// checks it at start ([`prepare_data_dir`]); the CLI just names paths inside it.
+pub fn data_dir() -> Result<PathBuf, String> {
+    std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .map(|home| PathBuf::from(home).join(".config").join("kamal-proxy"))
+        .ok_or_else(|| {
+            format!(
+                "cannot determine the data directory: $HOME is not set (running as {})",
+                current_user()
+            )
+        })
+}
+
+/// Creates the data directory (mode 0700) and proves it writable, so a volume the
+/// proxy's user cannot write is a startup error naming the path and the user, rather
+/// than services that vanish at the next restart. Upstream falls back to the temp dir;
+/// we never do: state there would not survive the container.
+pub fn prepare_data_dir() -> Result<PathBuf, String> {
     use std::os::unix::fs::DirBuilderExt;
-    if let Some(home) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-        let dir = PathBuf::from(home).join(".config").join("kamal-proxy");
-        if std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .is_ok()
-        {
-            return dir;
-        }
-    }
-    temp_dir()
+    let dir = data_dir()?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| {
+            format!(
+                "cannot create the data directory {} (running as {}): {e}",
+                dir.display(),
+                current_user()
+            )
+        })?;
+    tempfile::Builder::new()
+        .prefix(".kamal-proxy-write-check")
+        .tempfile_in(&dir)
+        .map_err(|e| {
+            format!(
+                "the data directory {} is not writable (running as {}): {e}",
+                dir.display(),
+                current_user()
+            )
+        })?;
+    Ok(dir)
 }
 
-pub fn state_file_path() -> PathBuf {
-    data_dir().join("kamal-proxy.state")
-}
+pub const STATE_FILE_NAME: &str = "kamal-proxy.state";
 
-/// The default ACME cache, computed by the client as upstream does.
+/// The default ACME cache, computed by the client as upstream does; empty when there is
+/// no home directory, which makes the server use its own default.
 pub fn default_acme_cache_path() -> PathBuf {
-    data_dir().join("certs")
+    data_dir().map(|d| d.join("certs")).unwrap_or_default()
+}
+
+/// `name (uid N)` of the process's user, for error messages about permissions.
+pub fn current_user() -> String {
+    // SAFETY: getuid cannot fail; getpwuid_r writes only into the buffers we pass.
+    let uid = unsafe { libc::getuid() };
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = [0 as libc::c_char; 1024];
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result) };
+    if rc == 0 && !result.is_null() && !pwd.pw_name.is_null() {
+        // SAFETY: on success pw_name points to a NUL-terminated string inside `buf`.
+        let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
+        format!("user {} (uid {uid})", name.to_string_lossy())
+    } else {
+        format!("uid {uid}")
+    }
 }
 
 #[cfg(test)]

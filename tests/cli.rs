@@ -355,7 +355,7 @@ async fn kamals_exact_command_lines_work() {
     // The options arrived as Kamal meant them.
     let state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(proxy.state_file()).unwrap()).unwrap();
-    let s = &state["services"][0];
+    let s = &state[0];
     assert_eq!(s["options"]["strip_prefix"], false);
     assert_eq!(s["options"]["tls_redirect"], false);
     assert_eq!(s["target_options"]["forward_headers"], false);

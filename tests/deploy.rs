@@ -343,7 +343,7 @@ async fn remove_and_rm_stop_routing() {
     assert!(proxy.list_rows().is_empty());
     let state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(proxy.state_file()).unwrap()).unwrap();
-    assert_eq!(state["services"], serde_json::json!([]), "{state}");
+    assert_eq!(state, serde_json::json!([]), "{state}");
 
     assert_eq!(
         proxy.fails(&["remove", "one"]),

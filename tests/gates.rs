@@ -660,7 +660,7 @@ async fn gates_survive_a_restart_and_state_keys_are_the_forks() {
     );
     let state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(p.state_file()).unwrap()).unwrap();
-    let o = &state["services"][0]["options"];
+    let o = &state[0]["options"];
     assert_eq!(o["allow_ips"], serde_json::json!(["127.0.0.1"]));
     assert_eq!(o["trusted_proxies"], serde_json::json!(["10.0.0.1"]));
     assert_eq!(o["rate_limit"], 0.01);
@@ -811,7 +811,7 @@ async fn unreadable_stored_gates_fail_closed_after_a_restart() {
     let path = p.state_file();
     let mut state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    for s in state["services"].as_array_mut().unwrap() {
+    for s in state.as_array_mut().unwrap() {
         if s["name"] == "app" {
             s["options"]["allow_ips"] = serde_json::json!(["127.0.0.1/99"]);
         }

@@ -2,7 +2,8 @@
 //! corrupt files set aside, crash safety under `kill -9`, and graceful SIGTERM.
 
 mod common;
-use common::{Proxy, backend::Backend, client, send};
+use common::go_state::{GO_FIXTURE, as_go_reads_it, check_go_decodable};
+use common::{Proxy, RunOutcome, backend::Backend, client, send, try_run_in, unprivileged_uid};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -122,9 +123,9 @@ async fn restart_restores_every_service() {
     // services as before it.
     proxy.ok(&["resume", "web"]);
     let by_name = |state: &Value| -> std::collections::BTreeMap<String, Value> {
-        state["services"]
+        state
             .as_array()
-            .expect("services")
+            .expect("a top-level array of services")
             .iter()
             .map(|s| (s["name"].as_str().unwrap().to_string(), s.clone()))
             .collect()
@@ -133,7 +134,7 @@ async fn restart_restores_every_service() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn state_file_is_versioned_json_with_upstreams_keys() {
+async fn state_file_is_upstreams_array_with_upstreams_keys() {
     let app = Backend::start("app").await;
     let proxy = Proxy::start();
     assert!(
@@ -158,8 +159,7 @@ async fn state_file_is_versioned_json_with_upstreams_keys() {
     let text = std::fs::read_to_string(proxy.state_file()).unwrap();
     assert!(text.ends_with('\n'), "one JSON document and a newline");
     let state: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(state["version"], 2, "{state}");
-    let services = state["services"].as_array().expect("services array");
+    let services = state.as_array().expect("a top-level array, as Go writes");
     assert_eq!(services.len(), 1);
     let s = &services[0];
     assert_eq!(s["name"], "app");
@@ -210,7 +210,8 @@ async fn state_file_is_versioned_json_with_upstreams_keys() {
     }
     assert_eq!(
         s["pause_controller"],
-        json!({"state": 2, "stop_message": "<Back> soon", "fail_after": 30_000_000_000i64})
+        json!({"state": 2, "stop_message": "<Back> soon", "fail_after": 0}),
+        "never paused: Go's zero fail_after"
     );
     for key in ["rollout_targets", "rollout_readers", "rollout_controller"] {
         assert!(s.get(key).is_some(), "{key} missing: {s}");
@@ -318,12 +319,324 @@ async fn upstream_state_file_loads() {
 
     // The next command rewrites it in the current format, which loads again.
     proxy.ok(&["resume", "maint"]);
-    assert_eq!(read_state(&proxy)["version"], 2);
+    assert!(read_state(&proxy).is_array());
     let list = proxy.ok(&["list"]);
     blocking(|| proxy.restart());
     assert_eq!(proxy.ok(&["list"]), list);
     assert_eq!(proxy.get("other.test", "/").await.body, "maint");
     assert_eq!(proxy.get("legacy.test", "/old").await.body, "legacy");
+}
+
+/// Services by name, for comparing files whose order differs.
+fn by_name(file: &Value) -> std::collections::BTreeMap<String, Value> {
+    file.as_array()
+        .expect("a top-level array of services")
+        .iter()
+        .map(|s| (s["name"].as_str().expect("name").to_string(), s.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_go_wrote_is_restored_and_written_back_as_go_wrote_it() {
+    let go: Value = serde_json::from_str(GO_FIXTURE).unwrap();
+    check_go_decodable(&go).expect("the fixture is what Go writes");
+    let proxy = start_with_state(GO_FIXTURE);
+    assert!(
+        proxy
+            .logs()
+            .iter()
+            .any(|l| l.contains("Restored saved state")),
+        "{:#?}",
+        proxy.logs()
+    );
+    let rows = proxy.list_rows();
+    let summary: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| (r[0].as_str(), r[2].as_str(), r[4].as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("app-admin", "/", "stopped"),
+            ("app-api", "/api", "running"),
+            ("app-jobs", "/", "paused"),
+            ("app-web", "/", "running"),
+            ("fallback", "/", "running"),
+        ]
+    );
+
+    // Any command rewrites the file; read with Go's keys it is what Go wrote, so a
+    // rollback to the Go image restores exactly these services.
+    proxy.ok(&["resume", "fallback"]);
+    let ours = read_state(&proxy);
+    check_go_decodable(&ours).unwrap();
+    let (ours, go) = (by_name(&ours), by_name(&go));
+    assert_eq!(
+        ours.keys().collect::<Vec<_>>(),
+        go.keys().collect::<Vec<_>>()
+    );
+    for (name, go_service) in &go {
+        assert_eq!(
+            &as_go_reads_it(&ours[name], go_service),
+            go_service,
+            "service {name} as Go reads it"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_option_we_save_stays_decodable_by_go() {
+    let web = Backend::start("web").await;
+    let reader = Backend::start("reader").await;
+    let api = Backend::start("api").await;
+    let proxy = Proxy::start();
+    proxy.deploy(
+        "web",
+        &web.target(),
+        &[
+            &format!("--read-target={}", reader.target()),
+            "--host=web.test",
+            "--tls",
+            "--tls-redirect=false",
+            "--allow-ip=127.0.0.1,10.0.0.0/8",
+            "--trusted-proxy=10.0.0.1",
+            "--rate-limit=0.5",
+            "--rate-limit-burst=3",
+            "--rate-limit-exempt=192.0.2.1",
+            "--basic-auth=admin:secret",
+            "--redirect=/old=/new;status=308",
+            "--rewrite=/a/(.*)=/b/$1",
+            "--request-timeout=5s",
+            "--exclude-metrics-path=/up",
+            "--log-response-header=X-Runtime",
+        ],
+    );
+    // A path-prefix service under a TLS host takes TLS from its root service, but is
+    // saved as deployed: Go refuses TLS settings on a path-prefix service.
+    proxy.deploy(
+        "api",
+        &api.target(),
+        &["--host=web.test", "--path-prefix=/api"],
+    );
+    proxy.ok(&["pause", "api", "--drain-timeout=1s", "--max-pause=20s"]);
+
+    let state = read_state(&proxy);
+    check_go_decodable(&state).unwrap();
+    let services = by_name(&state);
+    assert_eq!(services["web"]["active_readers"], json!([reader.target()]));
+    assert_eq!(services["web"]["options"]["tls_enabled"], true);
+    assert_eq!(services["api"]["options"]["tls_enabled"], false);
+    assert_eq!(services["api"]["options"]["tls_redirect"], true);
+    assert_eq!(
+        services["api"]["pause_controller"],
+        json!({"state": 1, "stop_message": "", "fail_after": 20_000_000_000i64})
+    );
+    assert_eq!(
+        proxy.list_json()["services"]["api"]["tls"],
+        true,
+        "served with the inherited setting all the same"
+    );
+    // Our own settings travel as extra keys Go ignores.
+    assert_eq!(services["web"]["options"]["rate_limit"], 0.5);
+    assert_eq!(
+        services["web"]["options"]["request_timeout"],
+        5_000_000_000i64
+    );
+}
+
+#[test]
+fn the_go_decodability_check_can_fail() {
+    let mut go: Value = serde_json::from_str(GO_FIXTURE).unwrap();
+    go[0]["options"]["writer_affinity_timeout"] = json!(1.5);
+    assert!(
+        check_go_decodable(&go)
+            .unwrap_err()
+            .contains("writer_affinity_timeout")
+    );
+    let mut go: Value = serde_json::from_str(GO_FIXTURE).unwrap();
+    go[1]["options"]["Hosts"] = json!("x");
+    assert!(
+        check_go_decodable(&go)
+            .unwrap_err()
+            .contains("would be read by Go")
+    );
+    let mut go: Value = serde_json::from_str(GO_FIXTURE).unwrap();
+    go[2].as_object_mut().unwrap().remove("pause_controller");
+    assert!(check_go_decodable(&go).unwrap_err().contains("missing"));
+    let wrapped = json!({"version": 2, "services": go});
+    assert!(check_go_decodable(&wrapped).is_err());
+}
+
+/// A proxy home whose data dir is prepared by `setup` (as the test's user, i.e. root
+/// in CI) before `run` starts as an unprivileged user; returns how `run` ended.
+/// The temp dir is returned so the files outlive the call.
+fn run_unprivileged_with(
+    setup: impl FnOnce(&Path, Option<u32>),
+) -> (RunOutcome, PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let uid = unprivileged_uid();
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid)).unwrap();
+    }
+    setup(&home, uid);
+    let outcome = try_run_in(
+        dir.path(),
+        &home,
+        uid,
+        &["--http-port=0", "--https-port=0"],
+        &[],
+    );
+    // Let the tempdir be removed whatever the modes were.
+    let _ = std::process::Command::new("chmod")
+        .args(["-R", "u+rwx"])
+        .arg(dir.path())
+        .status();
+    (outcome, home.join(".config/kamal-proxy"), dir)
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn expect_exit_1(outcome: RunOutcome) -> String {
+    match outcome {
+        RunOutcome::Exited { code, stderr } => {
+            assert_eq!(code, Some(1), "{stderr}");
+            stderr
+        }
+        RunOutcome::Started { .. } => panic!("run started"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_data_dir_that_cannot_be_created_is_a_startup_error() {
+    // A home the proxy's user cannot write: no silent fallback to the temp dir.
+    let (outcome, data_dir, _dir) = run_unprivileged_with(|home, uid| {
+        if uid.is_none() {
+            chmod(home, 0o500);
+        }
+    });
+    let stderr = expect_exit_1(outcome);
+    assert!(
+        stderr.starts_with(&format!(
+            "Error: cannot create the data directory {} (running as ",
+            data_dir.display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+    assert!(!data_dir.exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_data_dir_the_proxy_cannot_write_is_a_startup_error() {
+    // Kamal's volume owned by root while the proxy runs as its own user.
+    let (outcome, data_dir, _dir) = run_unprivileged_with(|home, uid| {
+        let data = home.join(".config/kamal-proxy");
+        std::fs::create_dir_all(&data).unwrap();
+        if let Some(uid) = uid {
+            std::os::unix::fs::chown(home.join(".config"), Some(uid), Some(uid)).unwrap();
+            chmod(&data, 0o755); // root's, readable, not writable by the proxy
+        } else {
+            chmod(&data, 0o500);
+        }
+    });
+    let stderr = expect_exit_1(outcome);
+    assert!(
+        stderr.starts_with(&format!(
+            "Error: the data directory {} is not writable (running as ",
+            data_dir.display()
+        )),
+        "{stderr}"
+    );
+    if unprivileged_uid().is_some() {
+        assert!(stderr.contains("(uid 65534)"), "names the user: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreadable_state_file_is_a_startup_error_and_stays_as_it_was() {
+    let (outcome, data_dir, _dir) = run_unprivileged_with(|home, uid| {
+        let data = home.join(".config/kamal-proxy");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("kamal-proxy.state"), GO_FIXTURE).unwrap();
+        chmod(&data.join("kamal-proxy.state"), 0o000);
+        if let Some(uid) = uid {
+            for d in [home.join(".config"), data] {
+                std::os::unix::fs::chown(d, Some(uid), Some(uid)).unwrap();
+            }
+        }
+    });
+    let stderr = expect_exit_1(outcome);
+    let file = data_dir.join("kamal-proxy.state");
+    assert!(
+        stderr.starts_with(&format!(
+            "Error: cannot read the state file {} (running as ",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        GO_FIXTURE,
+        "left alone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_that_cannot_be_saved_is_refused_and_traffic_stays_as_it_was() {
+    let v1 = Backend::start("v1").await;
+    let v2 = Backend::start("v2").await;
+    let uid = unprivileged_uid();
+    let mut proxy = Proxy::start_as(uid, &[], &[]);
+    proxy.deploy("app", &v1.target(), &["--host=app.test"]);
+    let saved = std::fs::read_to_string(proxy.state_file()).unwrap();
+    let data_dir = proxy.state_file().parent().unwrap().to_path_buf();
+    chmod(&data_dir, 0o500);
+
+    let target = format!("--target={}", v2.target());
+    let refused = proxy.fails(&[
+        "deploy",
+        "app",
+        &target,
+        "--host=app.test",
+        "--deploy-timeout=5s",
+    ]);
+    assert!(
+        refused.starts_with(&format!(
+            "Error: unable to save state to {}: ",
+            proxy.state_file().display()
+        )),
+        "{refused}"
+    );
+    assert_eq!(
+        proxy.get("app.test", "/").await.body,
+        "v1",
+        "traffic unchanged"
+    );
+    assert_eq!(proxy.list_rows()[0][3], v1.target());
+    for args in [
+        &["stop", "app", "--drain-timeout=1s"][..],
+        &["pause", "app", "--drain-timeout=1s"],
+        &["remove", "app"],
+    ] {
+        assert!(
+            proxy.fails(args).contains("unable to save state"),
+            "{args:?}"
+        );
+    }
+    assert_eq!(proxy.get("app.test", "/").await.body, "v1", "still served");
+    assert_eq!(proxy.list_rows()[0][4], "running");
+    assert_eq!(std::fs::read_to_string(proxy.state_file()).unwrap(), saved);
+
+    // Writable again: the same deploy goes through, and survives a restart.
+    chmod(&data_dir, 0o700);
+    proxy.deploy("app", &v2.target(), &["--host=app.test"]);
+    blocking(|| proxy.restart());
+    assert_eq!(proxy.get("app.test", "/").await.body, "v2");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -87,7 +87,8 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         Some(Arc::new(docker))
     };
 
-    let router = Router::new(crate::config::state_file_path(), lifecycle);
+    let data_dir = crate::config::prepare_data_dir()?;
+    let router = Router::new(data_dir.join(crate::config::STATE_FILE_NAME), lifecycle);
     let acme_directory = if args.acme_directory.is_empty() {
         crate::tls::cache::LETS_ENCRYPT_PRODUCTION.to_string()
     } else {
@@ -95,7 +96,7 @@ async fn serve(args: RunArgs) -> Result<(), String> {
     };
     let acme_email = (!args.acme_email.is_empty()).then(|| args.acme_email.clone());
     router.configure_tls(acme_directory, acme_email);
-    router.restore().await;
+    router.restore().await?;
 
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();

@@ -1,6 +1,6 @@
 //! The router: which service answers a request (lock-free, through an `ArcSwap` route
 //! table), and the control-plane operations that change services (deploy, remove, pause,
-//! stop, resume), each persisted to the state file before it returns.
+//! stop, resume), each saved to the state file before it is published (see `persist`).
 
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 use tokio::sync::{Mutex, Notify};
 
+pub mod persist;
 pub mod state;
 pub mod table;
 
@@ -22,7 +23,8 @@ use crate::service::pause::PauseController;
 use crate::service::sleep::{IdleController, IdleState, SleepConfig, SleepHooks};
 use crate::service::{Service, ServiceConfig};
 use crate::tls::TlsContext;
-use state::ServiceState;
+use persist::StateStore;
+use state::{LoadError, ServiceState};
 use table::RouteTable;
 
 /// How long the deploy preflight may spend inspecting containers, in all.
@@ -32,7 +34,7 @@ pub struct Router {
     table: ArcSwap<RouteTable>,
     /// Control-plane only: requests never touch this lock.
     services: Mutex<BTreeMap<String, Arc<Service>>>,
-    state_path: PathBuf,
+    store: StateStore,
     probe_client: ProbeClient,
     lifecycle: Option<Arc<dyn ContainerLifecycle>>,
     /// Nudged by idle controllers when a service falls asleep or wakes.
@@ -46,7 +48,7 @@ impl Router {
         let router = Arc::new(Router {
             table: ArcSwap::from_pointee(RouteTable::default()),
             services: Mutex::new(BTreeMap::new()),
-            state_path,
+            store: StateStore::new(state_path),
             probe_client: probe_client(),
             lifecycle,
             persist: Arc::new(Notify::new()),
@@ -59,7 +61,10 @@ impl Router {
                 persist.notified().await;
                 let Some(router) = weak.upgrade() else { return };
                 let services = router.services.lock().await;
-                router.save(&services);
+                // A sleep transition cannot be refused after the fact; say so loudly.
+                if let Err(e) = router.store.save(snapshots(&services, None)).await {
+                    tracing::error!(error = %e, "Failed to save state");
+                }
             }
         });
         router
@@ -127,24 +132,30 @@ impl Router {
     }
 
     pub fn state_path(&self) -> &std::path::Path {
-        &self.state_path
+        self.store.path()
     }
 
     /// Restores the state file before any listener opens. A corrupt file is set aside
-    /// and the proxy starts empty.
-    pub async fn restore(self: &Arc<Self>) {
-        let saved = match state::load(&self.state_path) {
+    /// and the proxy starts empty; a file that cannot be read at all is an error (starting
+    /// empty would overwrite it at the next deploy).
+    pub async fn restore(self: &Arc<Self>) -> Result<(), String> {
+        let path = self.store.path().display().to_string();
+        let saved = match self.store.load() {
             Ok(None) => {
                 tracing::info!("No previous state to restore");
-                return;
+                return Ok(());
             }
             Ok(Some(s)) => s,
+            Err(LoadError::Io(e)) => {
+                return Err(format!(
+                    "cannot read the state file {path} (running as {}): {e}",
+                    crate::config::current_user()
+                ));
+            }
             Err(e) => {
-                let aside = state::set_aside(&self.state_path)
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|err| format!("(could not move it aside: {err})"));
-                tracing::error!(path = %self.state_path.display(), error = %e, moved_to = %aside, "Failed to decode saved state");
-                return;
+                let aside = self.store.set_aside();
+                tracing::error!(path = %path, error = %e, moved_to = %aside, "Failed to decode saved state");
+                return Ok(());
             }
         };
         // All or nothing, as upstream: restoring part of the file and saving would
@@ -160,11 +171,9 @@ impl Router {
                         service.set_sleep_controller(None);
                         service.active().stop_health_checks();
                     }
-                    let aside = state::set_aside(&self.state_path)
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_else(|err| format!("(could not move it aside: {err})"));
-                    tracing::error!(path = %self.state_path.display(), service = %s.name, error = %e, moved_to = %aside, "Failed to decode saved state");
-                    return;
+                    let aside = self.store.set_aside();
+                    tracing::error!(path = %path, service = %s.name, error = %e, moved_to = %aside, "Failed to decode saved state");
+                    return Ok(());
                 }
             }
         }
@@ -172,6 +181,7 @@ impl Router {
         *services = restored;
         self.publish(&services);
         tracing::info!(services = services.len(), "Restored saved state");
+        Ok(())
     }
 
     fn restore_service(self: &Arc<Self>, s: &ServiceState) -> Result<Arc<Service>, String> {
@@ -280,10 +290,25 @@ impl Router {
                 Ok(c) => c,
                 Err(e) => {
                     lb.stop_health_checks();
-                    self.save(&services);
                     return Err(e);
                 }
             };
+            let deployed = ServiceState::new(
+                &name,
+                options.clone(),
+                target_options.clone(),
+                &lb,
+                services
+                    .get(&name)
+                    .map(|s| s.pause.snapshot())
+                    .unwrap_or_default(),
+                self.idle_state_after_deploy(&options),
+            );
+            if let Err(e) = self.store.save(snapshots(&services, Some(deployed))).await {
+                lb.stop_health_checks();
+                tracing::error!(service = %name, error = %e, "Deploy refused: state not saved");
+                return Err(e);
+            }
             let replaced = match services.get(&name) {
                 Some(existing) => {
                     existing.set_config(config);
@@ -300,7 +325,6 @@ impl Router {
                 self.sync_sleep(service, &options, IdleState::Active);
             }
             self.publish(&services);
-            self.save(&services);
             replaced
         };
         if let Some(old) = replaced {
@@ -408,12 +432,19 @@ impl Router {
 
     pub async fn remove(&self, name: &str) -> Result<(), String> {
         let mut services = self.services.lock().await;
-        let removed = services.remove(name);
-        self.publish(&services);
-        self.save(&services);
-        let Some(service) = removed else {
+        if !services.contains_key(name) {
+            return Err("service not found".into());
+        }
+        let remaining = services
+            .iter()
+            .filter(|(n, _)| n.as_str() != name)
+            .map(|(_, s)| snapshot(s))
+            .collect();
+        self.store.save(remaining).await?;
+        let Some(service) = services.remove(name) else {
             return Err("service not found".into());
         };
+        self.publish(&services);
         service.set_sleep_controller(None);
         service.active().stop_health_checks();
         tracing::info!(service = %name, "Removed");
@@ -427,7 +458,7 @@ impl Router {
         pause_timeout: i64,
     ) -> Result<(), String> {
         let service = self
-            .with_service(name, |s| s.pause.pause(gotime::to_std(pause_timeout)))
+            .with_service(name, |p| p.pause(gotime::to_std(pause_timeout)))
             .await?;
         tracing::info!(service = %name, "Service paused");
         service.active().drain(gotime::to_std(drain_timeout)).await;
@@ -441,7 +472,7 @@ impl Router {
         drain_timeout: i64,
         message: String,
     ) -> Result<(), String> {
-        let service = self.with_service(name, |s| s.pause.stop(message)).await?;
+        let service = self.with_service(name, |p| p.stop(message.clone())).await?;
         tracing::info!(service = %name, "Service stopped");
         service.active().drain(gotime::to_std(drain_timeout)).await;
         tracing::info!(service = %name, "Service drained");
@@ -449,23 +480,30 @@ impl Router {
     }
 
     pub async fn resume(&self, name: &str) -> Result<(), String> {
-        self.with_service(name, |s| s.pause.resume()).await?;
+        self.with_service(name, |p| p.resume()).await?;
         tracing::info!(service = %name, "Service resumed");
         Ok(())
     }
 
+    /// Applies a pause-state change, saved first: the change is tried on a scratch copy
+    /// of the service's pause controller, that outcome is saved, then it is applied.
     async fn with_service(
         &self,
         name: &str,
-        f: impl FnOnce(&Service),
+        change: impl Fn(&PauseController),
     ) -> Result<Arc<Service>, String> {
         let services = self.services.lock().await;
-        let found = services.get(name).cloned();
-        if let Some(s) = &found {
-            f(s);
-        }
-        self.save(&services);
-        found.ok_or_else(|| "service not found".to_string())
+        let service = services
+            .get(name)
+            .cloned()
+            .ok_or_else(|| "service not found".to_string())?;
+        let scratch = PauseController::restore(&service.pause.snapshot());
+        change(&scratch);
+        let mut changed = snapshot(&service);
+        changed.pause_controller = scratch.snapshot();
+        self.store.save(snapshots(&services, Some(changed))).await?;
+        change(&service.pause);
+        Ok(service)
     }
 
     pub fn list(&self) -> ListResponse {
@@ -523,10 +561,12 @@ impl Router {
         self.table.store(Arc::new(table));
     }
 
-    fn save(&self, services: &BTreeMap<String, Arc<Service>>) {
-        let states: Vec<ServiceState> = services.values().map(|s| snapshot(s)).collect();
-        if let Err(e) = state::save(&self.state_path, &states) {
-            tracing::error!(path = %self.state_path.display(), error = %e, "Failed to save state");
+    /// The idle state a deploy leaves behind: awake, when this proxy can sleep it.
+    fn idle_state_after_deploy(&self, options: &ServiceOptions) -> String {
+        if self.lifecycle.is_some() && options.sleep_enabled() {
+            IdleState::Active.as_str().to_string()
+        } else {
+            String::new()
         }
     }
 
@@ -558,6 +598,10 @@ fn inherit_tls_settings(table: &RouteTable, services: &BTreeMap<String, Arc<Serv
             });
         if config.options.tls_enabled != tls || config.options.tls_redirect != redirect {
             let mut updated = ServiceConfig::clone(&config);
+            updated.deployed_tls = updated.deployed_tls.or(Some((
+                config.options.tls_enabled,
+                config.options.tls_redirect,
+            )));
             updated.options.tls_enabled = tls;
             updated.options.tls_redirect = redirect;
             service.set_config(updated);
@@ -571,26 +615,34 @@ fn table_services(table: &RouteTable) -> Vec<Arc<Service>> {
 
 fn snapshot(s: &Service) -> ServiceState {
     let config = s.config();
-    let lb = s.active();
-    ServiceState {
-        name: s.name.to_string(),
-        options: config.options.clone(),
-        target_options: config.target_options.clone(),
-        active_targets: lb.writer_addresses(),
-        active_readers: lb.reader_addresses(),
-        rollout_targets: None,
-        rollout_readers: None,
-        pause_controller: s.pause.snapshot(),
-        rollout_controller: None,
-        idle_state: s
-            .sleep_controller()
+    ServiceState::new(
+        &s.name,
+        config.deployed_options(),
+        config.target_options.clone(),
+        &s.active(),
+        s.pause.snapshot(),
+        s.sleep_controller()
             .map(|c| c.state().to_string())
             .unwrap_or_default(),
-        active_target: String::new(),
-        rollout_target: String::new(),
-        hosts: Vec::new(),
-        path_prefixes: Vec::new(),
+    )
+}
+
+/// Every service as it would be saved, with `changed` in place of (or beside) the
+/// service of the same name.
+fn snapshots(
+    services: &BTreeMap<String, Arc<Service>>,
+    changed: Option<ServiceState>,
+) -> Vec<ServiceState> {
+    let mut states: Vec<ServiceState> = services
+        .values()
+        .filter(|s| changed.as_ref().is_none_or(|c| *c.name != *s.name))
+        .map(|s| snapshot(s))
+        .collect();
+    if let Some(c) = changed {
+        let at = states.partition_point(|s| s.name < c.name);
+        states.insert(at, c);
     }
+    states
 }
 
 /// The name of another service already bound to one of these (host, prefix) pairs.

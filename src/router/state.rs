@@ -1,19 +1,31 @@
 //! The state file: every service, its options, targets, pause and idle state, so a
 //! restarted proxy serves exactly what it served before.
 //!
-//! Format history:
-//! - version 1: upstream kamal-proxy's bare JSON array of services (also what Go writes);
-//! - version 2: `{"version": 2, "services": [...]}`, same service objects plus the fork's
-//!   scale-to-zero keys. Every older version still loads.
+//! The file is upstream's format, so that a user who rolls back to the Go image keeps
+//! every service: a top-level JSON array of services with upstream's keys and types
+//! (durations as integer nanoseconds, `null` for absent rollout pools). Our additions
+//! (scale-to-zero, access gates, the idle state) are extra keys, which Go's decoder
+//! ignores. Two rules keep it that way:
+//! - never give one of upstream's keys a value Go would refuse (a target weight does not
+//!   belong in `active_targets`, which Go parses as `host:port`): put it in a key of ours;
+//! - never name an added key so that it matches one of Go's case-insensitively (Go's
+//!   decoder folds case), e.g. no `Hosts` beside `hosts`.
+//!
+//! Everything any release of ours wrote still loads:
+//! - upstream's array, including its legacy keys (`active_target`, top-level `hosts`, …);
+//! - `{"version": 2, "services": [...]}`, written by our 0.x releases.
 
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::balancer::LoadBalancer;
 use crate::service::options::{ServiceOptions, TargetOptions};
 use crate::service::pause::PauseSnapshot;
 
-pub const CURRENT_VERSION: u32 = 2;
+/// The highest `{"version": N, …}` wrapper an earlier release of ours wrote; files are
+/// written without a wrapper now.
+const NEWEST_WRAPPED_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ServiceState {
@@ -49,6 +61,33 @@ pub struct ServiceState {
 }
 
 impl ServiceState {
+    /// A service as it is saved: its options, its active pool, pause and idle state.
+    pub fn new(
+        name: &str,
+        options: ServiceOptions,
+        target_options: TargetOptions,
+        active: &LoadBalancer,
+        pause_controller: PauseSnapshot,
+        idle_state: String,
+    ) -> ServiceState {
+        ServiceState {
+            name: name.to_string(),
+            options,
+            target_options,
+            active_targets: active.writer_addresses(),
+            active_readers: active.reader_addresses(),
+            rollout_targets: None,
+            rollout_readers: None,
+            pause_controller,
+            rollout_controller: None,
+            idle_state,
+            active_target: String::new(),
+            rollout_target: String::new(),
+            hosts: Vec::new(),
+            path_prefixes: Vec::new(),
+        }
+    }
+
     /// Applies upstream's legacy upgrades and normalises the options.
     fn upgrade(&mut self) {
         if self.active_targets.is_empty() && !self.active_target.is_empty() {
@@ -88,9 +127,9 @@ impl ServiceState {
     }
 }
 
-#[derive(Serialize, Deserialize)]
-struct StateFileV2 {
-    version: u32,
+/// What our 0.x releases wrote.
+#[derive(Deserialize)]
+struct WrappedStateFile {
     services: Vec<ServiceState>,
 }
 
@@ -128,12 +167,12 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<ServiceState>, LoadError> {
         }
         serde_json::Value::Object(ref o) => {
             let version = o.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
-            if version == 0 || version > u64::from(CURRENT_VERSION) {
+            if version == 0 || version > u64::from(NEWEST_WRAPPED_VERSION) {
                 return Err(LoadError::Corrupt(format!(
-                    "unsupported state file version {version} (this proxy reads 1 to {CURRENT_VERSION})"
+                    "unsupported state file version {version} (this proxy reads 1 to {NEWEST_WRAPPED_VERSION})"
                 )));
             }
-            let file: StateFileV2 =
+            let file: WrappedStateFile =
                 serde_json::from_value(value).map_err(|e| LoadError::Corrupt(e.to_string()))?;
             file.services
         }
@@ -151,11 +190,7 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<ServiceState>, LoadError> {
 /// Writes atomically: a temp file in the same directory, fsync, rename, fsync the
 /// directory. A crash at any point leaves either the old file or the new one.
 pub fn save(path: &Path, services: &[ServiceState]) -> std::io::Result<()> {
-    let file = StateFileV2 {
-        version: CURRENT_VERSION,
-        services: services.to_vec(),
-    };
-    let mut bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
+    let mut bytes = serde_json::to_vec(services).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = tmp_path(path);
@@ -244,8 +279,12 @@ mod tests {
         assert!(
             std::fs::read_to_string(&path)
                 .unwrap()
-                .starts_with("{\"version\":2,")
+                .starts_with("[{\"name\":\"a\","),
+            "upstream's top-level array"
         );
+        // What our 0.x releases wrote still loads.
+        let wrapped = br#"{"version":2,"services":[{"name":"a","active_targets":["web:1"]}]}"#;
+        assert_eq!(parse(wrapped).unwrap(), svc);
         assert!(matches!(
             parse(br#"{"version":99,"services":[]}"#),
             Err(LoadError::Corrupt(_))

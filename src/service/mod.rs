@@ -37,9 +37,23 @@ pub struct ServiceConfig {
     pub gates: Arc<Gates>,
     /// Where certificates come from when TLS is on (set by the router at deploy).
     pub tls: Option<Arc<crate::tls::CertSource>>,
+    /// The deployed `(tls_enabled, tls_redirect)` when `options` carries the values a
+    /// path-prefix service inherits from its host's root service; what is saved is what
+    /// was deployed (Go refuses TLS on a path-prefix service when it reads the file back).
+    pub deployed_tls: Option<(bool, bool)>,
 }
 
 impl ServiceConfig {
+    /// The options as deployed, without inherited TLS settings: what the state file keeps.
+    pub fn deployed_options(&self) -> ServiceOptions {
+        let mut options = self.options.clone();
+        if let Some((enabled, redirect)) = self.deployed_tls {
+            options.tls_enabled = enabled;
+            options.tls_redirect = redirect;
+        }
+        options
+    }
+
     pub fn build(
         name: &str,
         options: ServiceOptions,
@@ -77,6 +91,7 @@ impl ServiceConfig {
             pages,
             log_request_headers,
             tls: None,
+            deployed_tls: None,
         })
     }
 

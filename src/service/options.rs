@@ -25,6 +25,16 @@ fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Erro
     Ok(Option::<Vec<String>>::deserialize(d)?.unwrap_or_default())
 }
 
+/// Go writes a list that was never given (a nil slice) as `null`; so do we, so a file
+/// read back by Go is the file Go would have written.
+fn empty_as_null<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+    if v.is_empty() {
+        s.serialize_none()
+    } else {
+        s.collect_seq(v)
+    }
+}
+
 fn is_zero(v: &i64) -> bool {
     *v == 0
 }
@@ -52,7 +62,7 @@ pub struct ServiceOptions {
     pub strip_prefix: bool,
     pub writer_affinity_timeout: i64,
     pub read_targets_accept_websockets: bool,
-    #[serde(deserialize_with = "null_as_empty")]
+    #[serde(deserialize_with = "null_as_empty", serialize_with = "empty_as_null")]
     pub exclude_metrics_paths: Vec<String>,
     pub client_ip_header: String,
     /// Scale-to-zero (fork keys): omitted when unset so upstream files stay recognisable.
@@ -173,9 +183,9 @@ pub struct TargetOptions {
     pub max_memory_buffer_size: i64,
     pub max_request_body_size: i64,
     pub max_response_body_size: i64,
-    #[serde(deserialize_with = "null_as_empty")]
+    #[serde(deserialize_with = "null_as_empty", serialize_with = "empty_as_null")]
     pub log_request_headers: Vec<String>,
-    #[serde(deserialize_with = "null_as_empty")]
+    #[serde(deserialize_with = "null_as_empty", serialize_with = "empty_as_null")]
     pub log_response_headers: Vec<String>,
     pub forward_headers: bool,
     pub scope_cookie_paths: bool,

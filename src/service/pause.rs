@@ -35,11 +35,13 @@ pub struct PauseSnapshot {
 }
 
 impl Default for PauseSnapshot {
+    /// Go's zero value: a service never paused has `fail_after` 0, and writing back what
+    /// was read keeps the file byte-compatible with upstream's.
     fn default() -> Self {
         PauseSnapshot {
             state: 0,
             stop_message: String::new(),
-            fail_after: DEFAULT_PAUSE_TIMEOUT,
+            fail_after: 0,
         }
     }
 }
@@ -76,11 +78,7 @@ impl PauseController {
             2 => PauseState::Stopped,
             _ => PauseState::Running,
         };
-        let fail_after = if s.fail_after > 0 {
-            crate::gotime::to_std(s.fail_after)
-        } else {
-            crate::gotime::to_std(DEFAULT_PAUSE_TIMEOUT)
-        };
+        let fail_after = crate::gotime::to_std(s.fail_after.max(0));
         PauseController {
             status: watch::channel(Status {
                 state,
@@ -147,7 +145,11 @@ impl PauseController {
     /// Waits while paused, each request for at most its own `--max-pause`.
     pub async fn wait(&self) -> PauseOutcome {
         let mut rx = self.status.subscribe();
-        let fail_after = rx.borrow().fail_after;
+        // A paused service always has its --max-pause, except one restored from a file
+        // that never stored it.
+        let fail_after = Some(rx.borrow().fail_after)
+            .filter(|f| !f.is_zero())
+            .unwrap_or(crate::gotime::to_std(DEFAULT_PAUSE_TIMEOUT));
         let settled = rx.wait_for(|s| s.state != PauseState::Paused);
         match tokio::time::timeout(fail_after, settled).await {
             Err(_) => PauseOutcome::TimedOut,

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod docker;
+pub mod go_state;
 pub mod pebble;
 pub mod raw;
 
@@ -26,6 +27,8 @@ pub struct Proxy {
     pub metrics_port: Option<u16>,
     extra_args: Vec<String>,
     extra_env: Vec<(String, String)>,
+    /// Runs the server as this uid (and gid); the CLI stays the test's own user.
+    run_as: Option<u32>,
     lines: Arc<Mutex<Vec<String>>>,
 }
 
@@ -36,7 +39,15 @@ impl Proxy {
 
     /// Starts with extra `run` flags and environment variables.
     pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Proxy {
+        Self::start_as(None, args, env)
+    }
+
+    /// Starts the server as `uid` (see [`unprivileged_uid`]), its directory owned by it.
+    pub fn start_as(run_as: Option<u32>, args: &[&str], env: &[(&str, &str)]) -> Proxy {
         let dir = tempfile::tempdir().expect("tempdir");
+        if let Some(uid) = run_as {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid)).expect("chown tempdir");
+        }
         let mut p = Proxy {
             child: None,
             dir,
@@ -48,6 +59,7 @@ impl Proxy {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            run_as,
             lines: Arc::new(Mutex::new(Vec::new())),
         };
         p.spawn();
@@ -81,6 +93,9 @@ impl Proxy {
 
     fn spawn(&mut self) {
         std::fs::create_dir_all(self.home()).expect("home");
+        if let Some(uid) = self.run_as {
+            std::os::unix::fs::chown(self.home(), Some(uid), Some(uid)).expect("chown home");
+        }
         let port = if self.http_port == 0 {
             "0".to_string()
         } else {
@@ -97,6 +112,10 @@ impl Proxy {
             cmd.arg(format!("--https-port={}", self.https_port));
         }
         cmd.args(&self.extra_args);
+        if let Some(uid) = self.run_as {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
+        }
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -420,12 +439,35 @@ pub fn try_run(args: &[&str], env: &[(&str, &str)]) -> RunOutcome {
     let dir = tempfile::tempdir().expect("tempdir");
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home).expect("home");
+    try_run_in(dir.path(), &home, None, args, env)
+}
+
+/// The uid the permission tests run the server as: `nobody` when the tests run as root
+/// (root ignores file modes), else none (the test's own user already obeys them).
+pub fn unprivileged_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::fs::metadata("/proc/self").expect("/proc/self").uid();
+    (me == 0).then_some(65534)
+}
+
+/// As [`try_run`], with `HOME` at `home`, the socket and temp dir in `dir`, as `run_as`.
+pub fn try_run_in(
+    dir: &Path,
+    home: &Path,
+    run_as: Option<u32>,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> RunOutcome {
     let mut cmd = Command::new(BIN);
+    if let Some(uid) = run_as {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(uid).gid(uid);
+    }
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", &home)
-        .env("KAMAL_PROXY_SOCKET", dir.path().join("kamal-proxy.sock"))
-        .env("TMPDIR", dir.path())
+        .env("HOME", home)
+        .env("KAMAL_PROXY_SOCKET", dir.join("kamal-proxy.sock"))
+        .env("TMPDIR", dir)
         .arg("run")
         .args(args)
         .stdout(Stdio::piped())

@@ -1,0 +1,128 @@
+//! Go kamal-proxy's view of a state file, so tests can show that a user who rolls back to
+//! the Go image keeps every service.
+//!
+//! `GO_FIXTURE` holds the exact bytes Go kamal-proxy writes (encoding/json: one compact
+//! line, `<`, `>`, `&` escaped, `null` for nil slices, durations as integer nanoseconds,
+//! a trailing newline) for five services as Kamal deploys them. `GO_SCHEMA` is the type
+//! of each of upstream's keys as Go's decoder reads it (`internal/server/service.go`
+//! `marshalledService` and the structs it embeds, upstream §6.2).
+
+use serde_json::Value;
+
+pub const GO_FIXTURE: &str = include_str!("../fixtures/go-kamal-proxy.state");
+
+/// Go's field types, by JSON key. `[string]` is a Go `[]string` (null decodes as nil),
+/// `int` a Go integer or `time.Duration` (a JSON number with no fraction that fits in
+/// 64 bits), `object?` a pointer to a struct (null or an object).
+pub const GO_SCHEMA: &str = r#"{
+  "name": "string",
+  "options": {
+    "hosts": "[string]", "path_prefixes": "[string]", "tls_enabled": "bool",
+    "tls_certificate_path": "string", "tls_private_key_path": "string",
+    "tls_on_demand_url": "string", "tls_redirect": "bool", "canonical_host": "string",
+    "acme_directory": "string", "acme_cache_path": "string", "error_page_path": "string",
+    "strip_prefix": "bool", "writer_affinity_timeout": "int",
+    "read_targets_accept_websockets": "bool", "exclude_metrics_paths": "[string]",
+    "client_ip_header": "string"
+  },
+  "target_options": {
+    "health_check_config": {
+      "path": "string", "port": "int", "interval": "int", "timeout": "int", "host": "string"
+    },
+    "response_timeout": "int", "buffer_requests": "bool", "buffer_responses": "bool",
+    "max_memory_buffer_size": "int", "max_request_body_size": "int",
+    "max_response_body_size": "int", "log_request_headers": "[string]",
+    "log_response_headers": "[string]", "forward_headers": "bool",
+    "scope_cookie_paths": "bool"
+  },
+  "active_targets": "[string]", "active_readers": "[string]",
+  "rollout_targets": "[string]", "rollout_readers": "[string]",
+  "pause_controller": { "state": "int", "stop_message": "string", "fail_after": "int" },
+  "rollout_controller": "object?"
+}"#;
+
+/// Checks that a whole state file decodes as Go's `[]*Service`: a top-level array whose
+/// services carry every one of upstream's keys with a value of the type Go's field
+/// takes, and no added key that Go's case-insensitive matching would read into one of
+/// its fields.
+pub fn check_go_decodable(file: &Value) -> Result<(), String> {
+    let schema: Value = serde_json::from_str(GO_SCHEMA).expect("GO_SCHEMA is JSON");
+    let services = file
+        .as_array()
+        .ok_or_else(|| format!("top level is not an array: {file}"))?;
+    for (i, service) in services.iter().enumerate() {
+        check_object(service, &schema, &format!("[{i}]"))?;
+    }
+    Ok(())
+}
+
+fn check_object(ours: &Value, schema: &Value, at: &str) -> Result<(), String> {
+    let ours = ours
+        .as_object()
+        .ok_or_else(|| format!("{at} is not an object"))?;
+    let schema = schema.as_object().expect("schema object");
+    for (key, kind) in schema {
+        let value = ours
+            .get(key)
+            .ok_or_else(|| format!("{at}.{key} is missing"))?;
+        let here = format!("{at}.{key}");
+        match kind {
+            Value::Object(_) => check_object(value, kind, &here)?,
+            Value::String(k) => check_kind(value, k, &here)?,
+            other => panic!("bad schema entry {other}"),
+        }
+    }
+    for key in ours.keys() {
+        if let Some(go_key) = schema
+            .keys()
+            .find(|g| g.eq_ignore_ascii_case(key) && *g != key)
+        {
+            return Err(format!(
+                "{at}.{key} would be read by Go as its field \"{go_key}\""
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_kind(value: &Value, kind: &str, at: &str) -> Result<(), String> {
+    let ok = match kind {
+        "string" => value.is_string(),
+        "bool" => value.is_boolean(),
+        "int" => value.is_i64(),
+        "[string]" => {
+            value.is_null()
+                || value
+                    .as_array()
+                    .is_some_and(|a| a.iter().all(Value::is_string))
+        }
+        "object?" => value.is_null() || value.is_object(),
+        other => panic!("bad schema kind {other}"),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{at} is {value}, which Go cannot decode as {kind}"))
+    }
+}
+
+/// `ours` reduced to the keys `go` has, recursively: what Go reads of our file.
+pub fn as_go_reads_it(ours: &Value, go: &Value) -> Value {
+    match (ours, go) {
+        (Value::Object(o), Value::Object(g)) => Value::Object(
+            g.iter()
+                .map(|(k, gv)| {
+                    let ov = o.get(k).unwrap_or(&Value::Null);
+                    (k.clone(), as_go_reads_it(ov, gv))
+                })
+                .collect(),
+        ),
+        (Value::Array(o), Value::Array(g)) if o.len() == g.len() => Value::Array(
+            o.iter()
+                .zip(g)
+                .map(|(ov, gv)| as_go_reads_it(ov, gv))
+                .collect(),
+        ),
+        _ => ours.clone(),
+    }
+}
