@@ -449,6 +449,8 @@ async fn list_json_describes_every_service() {
     assert_eq!(a["tls"], false);
     assert_eq!(a["target"], app.target());
     assert_eq!(a["state"], "running");
+    assert_eq!(a["sleep_state"], "off", "no scale-to-zero");
+    assert_eq!(a["sleep_containers"], serde_json::json!([]));
     let b = &services["bare"];
     assert_eq!(b["host"], "*");
     assert_eq!(b["path"], "/");

@@ -705,6 +705,7 @@ async fn the_server_revalidates_what_a_direct_client_sends() {
             deployment: DeploymentOptions::default(),
             service_options: o,
             target_options: t,
+            sleep_flags: vec![],
         }))
     };
     let err = |r: Result<Response, String>| match r {

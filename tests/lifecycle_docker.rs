@@ -87,7 +87,7 @@ async fn unknown_containers_are_not_found() {
     let not_found = Err(LifecycleError::NotFound(name.to_owned()));
     assert_eq!(docker.start(name).await, not_found);
     assert_eq!(docker.stop(name, STOP_BUDGET).await, not_found);
-    assert_eq!(docker.inspect(name).await, not_found);
+    assert_eq!(docker.inspect(name).await.map(drop), not_found);
 }
 
 #[tokio::test]
@@ -97,7 +97,12 @@ async fn inspect_knows_a_container_by_name_and_by_short_id() {
     }
     let container = stopped_httpd("lc-inspect");
     let docker = real_engine();
-    docker.inspect(&container.name).await.unwrap();
+    let info = docker.inspect(&container.name).await.unwrap();
+    assert_eq!(
+        info.labels.get("kamal-proxy-test").map(String::as_str),
+        Some("1"),
+        "the container's labels: {info:?}"
+    );
     // Kamal's targets are 12-character id prefixes.
     let id = docker_support::container_id(&container.name);
     docker.inspect(&id[..12]).await.unwrap();
@@ -236,7 +241,7 @@ async fn forbidden_maps_to_forbidden() {
     let forbidden = Err(LifecycleError::Forbidden("app".into()));
     assert_eq!(docker.start("app").await, forbidden);
     assert_eq!(docker.stop("app", STOP_BUDGET).await, forbidden);
-    assert_eq!(docker.inspect("app").await, forbidden);
+    assert_eq!(docker.inspect("app").await.map(drop), forbidden);
 }
 
 #[tokio::test]

@@ -390,3 +390,114 @@ async fn a_rewrite_that_matches_the_health_path_does_not_wake_it() {
     assert_eq!(docker::start_events_since(&c.name, since), 0);
     assert_eq!(p.state_of("app"), "sleeping");
 }
+
+/// Stock Kamal cannot send `--sleep-after`, but it can label the app's containers.
+fn labelled_app(prefix: &str, labels: &[&str]) -> TestContainer {
+    let options: Vec<String> = labels.iter().map(|l| format!("--label={l}")).collect();
+    let options: Vec<&str> = options.iter().map(String::as_str).collect();
+    let c = docker::run_app_container_with(prefix, Duration::ZERO, &options);
+    docker::wait_until_ready(&c).expect("app container ready");
+    c
+}
+
+fn saved_options(p: &Proxy) -> serde_json::Value {
+    let text = std::fs::read_to_string(p.state_file()).expect("state file");
+    let state: serde_json::Value = serde_json::from_str(&text).expect("json");
+    state[0]["options"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn container_labels_switch_sleep_on_when_the_deploy_leaves_it_unset() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = labelled_app(
+        "s2z-labels",
+        &["kamal-proxy.sleep-after=1s", "kamal-proxy.wake-timeout=20s"],
+    );
+    let p = proxy();
+    // Only which container to manage is given (the target is an address here); the
+    // durations come from the container's labels.
+    let container = format!("--sleep-container={}", c.name);
+    p.deploy(
+        "app",
+        &format!("127.0.0.1:{}", c.port),
+        &[&container, "--health-check-interval=200ms"],
+    );
+    assert!(
+        p.logs()
+            .iter()
+            .any(|l| l.contains("Sleep settings from container labels")
+                && l.contains("kamal-proxy.sleep-after=1s")),
+        "{:#?}",
+        p.logs()
+    );
+    let options = saved_options(&p);
+    assert_eq!(options["sleep_after"], 1_000_000_000i64);
+    assert_eq!(options["wake_timeout"], 20_000_000_000i64);
+
+    asleep(&p, &c);
+    let described = &p.list_json()["services"]["app"];
+    assert_eq!(described["sleep_state"], "sleeping");
+    assert_eq!(described["sleep_containers"], serde_json::json!([c.name]));
+
+    let since = docker::now_unix();
+    let r = client().get(p.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "s2z-labels");
+    assert_eq!(docker::start_events_since(&c.name, since), 1);
+    assert_eq!(p.list_json()["services"]["app"]["sleep_state"], "active");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flag_wins_over_its_label_and_no_flag_nor_label_means_no_sleep() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = labelled_app("s2z-flagwins", &["kamal-proxy.sleep-after=1s"]);
+    let p = proxy();
+    let container = format!("--sleep-container={}", c.name);
+    let target = format!("127.0.0.1:{}", c.port);
+    p.deploy("app", &target, &[&container, "--sleep-after=1h"]);
+    assert_eq!(saved_options(&p)["sleep_after"], 3_600_000_000_000i64);
+    assert_eq!(p.list_json()["services"]["app"]["sleep_state"], "active");
+
+    // A redeploy that names no container to manage and whose target is no container:
+    // nothing carries sleep settings any more, so sleep is off.
+    p.deploy("app", &target, &[]);
+    assert!(saved_options(&p).get("sleep_after").is_none());
+    let described = &p.list_json()["services"]["app"];
+    assert_eq!(described["sleep_state"], "off");
+    assert_eq!(described["sleep_containers"], serde_json::json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invalid_label_refuses_the_deploy_as_an_invalid_flag_would() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = labelled_app("s2z-badlabel", &["kamal-proxy.sleep-after=300"]);
+    let p = proxy();
+    let container = format!("--sleep-container={}", c.name);
+    let target = format!("--target=127.0.0.1:{}", c.port);
+    let err = p.fails(&["deploy", "app", &target, &container]);
+    assert_eq!(
+        err,
+        format!(
+            "Error: invalid label kamal-proxy.sleep-after=\"300\" on container \"{}\": time: missing unit in duration \"300\"\n",
+            c.name
+        )
+    );
+    assert!(p.list_rows().is_empty(), "nothing deployed");
+    assert!(docker::is_running(&c.name), "nothing stopped");
+
+    // A label that parses but breaks a rule gets the flag's message.
+    let c = labelled_app("s2z-neglabel", &["kamal-proxy.sleep-after=-5s"]);
+    let container = format!("--sleep-container={}", c.name);
+    let target = format!("--target=127.0.0.1:{}", c.port);
+    let err = p.fails(&["deploy", "app", &target, &container]);
+    assert_eq!(
+        err,
+        "Error: service options invalid: sleep-after and wake-timeout cannot be negative\n"
+    );
+}

@@ -137,13 +137,17 @@ pub struct DeployCmd {
     #[arg(long = "scope-cookie-paths", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
     scope_cookie_paths: Option<bool>,
 
-    /// Stop the service's containers after this long without traffic (0 = never)
-    #[arg(long = "sleep-after", value_parser = duration, default_value = "0", value_name = "DURATION")]
-    sleep_after: i64,
-    /// How long a request is held while a sleeping service starts
-    #[arg(long = "wake-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
-    wake_timeout: i64,
-    /// Container to stop and start instead of those named by the targets (repeatable)
+    /// Stop the service's containers after this long without traffic (0 = never). Unset, it
+    /// comes from the containers' label kamal-proxy.sleep-after when the proxy has a
+    /// Docker socket [default: 0]
+    #[arg(long = "sleep-after", value_parser = duration, value_name = "DURATION")]
+    sleep_after: Option<i64>,
+    /// How long a request is held while a sleeping service starts (label:
+    /// kamal-proxy.wake-timeout) [default: 30s]
+    #[arg(long = "wake-timeout", value_parser = duration, value_name = "DURATION")]
+    wake_timeout: Option<i64>,
+    /// Container to stop and start instead of those named by the targets (repeatable;
+    /// label: kamal-proxy.sleep-container, comma-separated)
     #[arg(long = "sleep-container", action = ArgAction::Append, value_name = "CONTAINER")]
     sleep_container: Vec<String>,
 
@@ -237,8 +241,8 @@ impl DeployCmd {
             read_targets_accept_websockets: self.read_target_websockets.unwrap_or(false),
             exclude_metrics_paths: non_empty(self.exclude_metrics_path.clone()),
             client_ip_header: self.client_ip_header.clone(),
-            sleep_after: self.sleep_after,
-            wake_timeout: self.wake_timeout,
+            sleep_after: self.sleep_after.unwrap_or(0),
+            wake_timeout: self.wake_timeout.unwrap_or(0),
             sleep_containers: non_empty(self.sleep_container.clone()),
             allow_ips: non_empty(self.allow_ip.clone()),
             trusted_proxies: non_empty(self.trusted_proxy.clone()),
@@ -293,11 +297,73 @@ impl DeployCmd {
             },
             service_options,
             target_options,
+            sleep_flags: self.sleep_flags_given(),
         })
+    }
+
+    /// The sleep flags on the command line, which win over container labels.
+    fn sleep_flags_given(&self) -> Vec<String> {
+        [
+            ("sleep-after", self.sleep_after.is_some()),
+            ("wake-timeout", self.wake_timeout.is_some()),
+            ("sleep-container", !self.sleep_container.is_empty()),
+        ]
+        .into_iter()
+        .filter(|(_, given)| *given)
+        .map(|(flag, _)| flag.to_string())
+        .collect()
     }
 
     pub fn execute(&self) -> Result<(), String> {
         let args = self.to_args()?;
         super::call(Request::Deploy(Box::new(args))).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::sleep::labels::SLEEP_FLAGS;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        deploy: DeployCmd,
+    }
+
+    fn parse(args: &[&str]) -> DeployCmd {
+        let argv = std::iter::once("deploy").chain(args.iter().copied());
+        Wrapper::try_parse_from(argv).expect("parses").deploy
+    }
+
+    #[test]
+    fn every_sleep_label_is_a_deploy_flag_and_the_cli_reports_each_given() {
+        let command = Wrapper::command();
+        for flag in SLEEP_FLAGS {
+            assert!(
+                command.get_arguments().any(|a| a.get_long() == Some(flag)),
+                "--{flag} is not a deploy flag"
+            );
+        }
+        let all = parse(&[
+            "app",
+            "--target=web:80",
+            "--sleep-after=0",
+            "--wake-timeout=30s",
+            "--sleep-container=web",
+        ]);
+        assert_eq!(all.sleep_flags_given(), SLEEP_FLAGS);
+        let none = parse(&["app", "--target=web:80"]);
+        assert!(none.sleep_flags_given().is_empty());
+        let args = none.to_args().unwrap();
+        assert_eq!(
+            (
+                args.service_options.sleep_after,
+                args.service_options.wake_timeout
+            ),
+            (0, 0),
+            "unset: left to the labels, then the defaults"
+        );
     }
 }

@@ -18,6 +18,10 @@ pub struct DeployArgs {
     pub deployment: DeploymentOptions,
     pub service_options: ServiceOptions,
     pub target_options: TargetOptions,
+    /// The sleep flags given on the command line (by name, e.g. `sleep-after`), even at
+    /// their zero value: those win over container labels (see `service::sleep::labels`).
+    #[serde(default)]
+    pub sleep_flags: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -54,6 +58,11 @@ pub struct ServiceDescription {
     pub path_prefixes: Vec<String>,
     pub targets: Vec<String>,
     pub reader_targets: Vec<String>,
+    /// Scale-to-zero (added keys, beyond the fork's shape): `off` without sleep, else
+    /// `active`, `stopping`, `sleeping` or `waking`; and the containers the proxy stops
+    /// and starts, so a pruning script can spare a sleeping service's stopped containers.
+    pub sleep_state: String,
+    pub sleep_containers: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

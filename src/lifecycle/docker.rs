@@ -29,7 +29,7 @@ use hyper::http::uri::{PathAndQuery, Uri};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::{ContainerLifecycle, LifecycleError, LifecycleFuture};
+use super::{ContainerInfo, ContainerLifecycle, LifecycleError, LifecycleFuture};
 
 /// Client timeout for start, inspect and version negotiation.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -242,11 +242,17 @@ impl ContainerLifecycle for DockerLifecycle {
         })
     }
 
-    fn inspect<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
+    fn inspect<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ContainerInfo> {
         Box::pin(async move {
             let reference = escape_reference(container)?;
             self.run(container, CALL_TIMEOUT, |docker| async move {
-                docker.inspect_container(&reference, None).await.map(drop)
+                let inspected = docker.inspect_container(&reference, None).await?;
+                let labels = inspected
+                    .config
+                    .and_then(|c| c.labels)
+                    .map(|l| l.into_iter().collect())
+                    .unwrap_or_default();
+                Ok(ContainerInfo { labels })
             })
             .await
         })

@@ -5,6 +5,7 @@
 //! start/stop service (or a test double for a fault Docker cannot produce) replace raw
 //! socket access later.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -24,8 +25,15 @@ pub trait ContainerLifecycle: Send + Sync + 'static {
     /// the runtime's own kill land inside it.
     fn stop<'a>(&'a self, container: &'a str, budget: Duration) -> LifecycleFuture<'a, ()>;
 
-    /// Succeeds when the runtime knows the reference.
-    fn inspect<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()>;
+    /// What the runtime knows of the reference; fails when it knows none.
+    fn inspect<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ContainerInfo>;
+}
+
+/// The part of a container's description the proxy uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    /// The container's labels (Kamal's `labels:`, e.g. `kamal-proxy.sleep-after`).
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Errors carry operator detail (references, daemon output). They are logged and may be

@@ -18,9 +18,9 @@ use crate::balancer::{LoadBalancer, ProbeMode};
 use crate::control::{DeployArgs, ListResponse, ServiceDescription};
 use crate::gotime;
 use crate::lifecycle::{ContainerLifecycle, LifecycleError};
-use crate::service::options::{ServiceOptions, container_ref};
+use crate::service::options::{ServiceOptions, container_ref, validate_target};
 use crate::service::pause::PauseController;
-use crate::service::sleep::{IdleController, IdleState, SleepConfig, SleepHooks};
+use crate::service::sleep::{IdleController, IdleState, SleepConfig, SleepHooks, labels};
 use crate::service::{Service, ServiceConfig};
 use crate::tls::TlsContext;
 use persist::StateStore;
@@ -224,14 +224,22 @@ impl Router {
             deployment,
             service_options,
             target_options,
+            sleep_flags,
         } = args;
+        // Everything is checked before anything happens: no wake, no health check.
         if name.is_empty() {
             return Err("service name must not be empty".into());
+        }
+        for target in targets.iter().chain(&readers) {
+            validate_target(target)?;
         }
         service_options.validate()?;
         target_options.validate()?;
         crate::service::gates::validate_health_check(&service_options, &target_options)?;
         let mut options = service_options;
+        self.apply_sleep_labels(&name, &mut options, &sleep_flags, &targets, &readers)
+            .await?;
+        options.validate_complete()?;
         options.normalize();
         if options.sleep_enabled() {
             self.sleep_preflight(&options, &targets).await?;
@@ -335,6 +343,34 @@ impl Router {
         Ok(())
     }
 
+    /// Fills the sleep settings the command line left unset from the containers' labels
+    /// (`kamal-proxy.sleep-after`, …), when this proxy can manage containers at all.
+    async fn apply_sleep_labels(
+        &self,
+        name: &str,
+        options: &mut ServiceOptions,
+        given: &[String],
+        targets: &[String],
+        readers: &[String],
+    ) -> Result<(), String> {
+        let Some(lifecycle) = &self.lifecycle else {
+            return Ok(());
+        };
+        let unset = labels::unset_flags(options, given);
+        if unset.is_empty() {
+            return Ok(());
+        }
+        let all_targets: Vec<String> = targets.iter().chain(readers).cloned().collect();
+        let sources = labels::label_sources(options, &all_targets);
+        let deadline = tokio::time::Instant::now() + PREFLIGHT_TIMEOUT;
+        let applied =
+            labels::apply_labels(lifecycle.as_ref(), &sources, &unset, options, deadline).await?;
+        if !applied.is_empty() {
+            tracing::info!(service = %name, labels = %applied.join(","), "Sleep settings from container labels");
+        }
+        Ok(())
+    }
+
     /// Refuses a `--sleep-after` deploy whose containers this proxy could not manage.
     async fn sleep_preflight(
         &self,
@@ -357,7 +393,7 @@ impl Router {
         for r in &refs {
             let inspected = tokio::time::timeout_at(deadline, lifecycle.inspect(r)).await;
             match inspected {
-                Ok(Ok(())) => {}
+                Ok(Ok(_)) => {}
                 Ok(Err(LifecycleError::NotFound(_))) => {
                     return Err(format!(
                         "target does not name a container: no container named \"{r}\"; if the target names a network alias rather than a container, set --sleep-container"
@@ -549,6 +585,14 @@ impl Router {
                     path_prefixes: o.path_prefixes.clone(),
                     targets: writers,
                     reader_targets: readers,
+                    sleep_state: s
+                        .sleep_controller()
+                        .map_or("off", |c| c.state().as_str())
+                        .to_string(),
+                    sleep_containers: s
+                        .sleep_controller()
+                        .map(|c| c.containers())
+                        .unwrap_or_default(),
                 },
             );
         }

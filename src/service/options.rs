@@ -297,6 +297,16 @@ impl ServiceOptions {
             .map_err(|e| format!("service options invalid: {e}"))
     }
 
+    /// [`Self::validate`] plus what only the server can judge, once container labels
+    /// may have filled in sleep settings the command line left unset.
+    pub fn validate_complete(&self) -> Result<(), String> {
+        self.validate()?;
+        if self.sleep_after <= 0 && !self.sleep_containers.is_empty() {
+            return Err("service options invalid: sleep-container requires sleep-after".into());
+        }
+        Ok(())
+    }
+
     fn check(&self) -> Result<(), String> {
         for host in &self.hosts {
             validate_host(host)?;
@@ -341,9 +351,6 @@ impl ServiceOptions {
         }
         if self.sleep_after > 0 && !self.tls_on_demand_url.is_empty() {
             return Err("sleep-after cannot be used with a TLS on-demand URL".into());
-        }
-        if self.sleep_after <= 0 && !self.sleep_containers.is_empty() {
-            return Err("sleep-container requires sleep-after".into());
         }
         super::gates::validate(self)
     }
@@ -518,10 +525,11 @@ mod tests {
             sleep_containers: vec!["x".into()],
             ..Default::default()
         };
-        assert!(
-            o.validate()
-                .unwrap_err()
-                .ends_with("sleep-container requires sleep-after")
+        // The command line alone cannot tell: a container label may give sleep-after.
+        assert!(o.validate().is_ok());
+        assert_eq!(
+            o.validate_complete().unwrap_err(),
+            "service options invalid: sleep-container requires sleep-after"
         );
         let mut o = tls(&[]);
         o.tls_on_demand_url = "/allow".into();

@@ -382,6 +382,15 @@ pub fn test_backend_binary() -> std::path::PathBuf {
 /// mounted read-only into the busybox image, which has no libc of its own.
 /// `boot_delay` models an app that takes time to boot before it listens.
 pub fn run_app_container(name_prefix: &str, boot_delay: Duration) -> TestContainer {
+    run_app_container_with(name_prefix, boot_delay, &[])
+}
+
+/// [`run_app_container`] with extra `docker run` options (e.g. `--label k=v`).
+pub fn run_app_container_with(
+    name_prefix: &str,
+    boot_delay: Duration,
+    docker_options: &[&str],
+) -> TestContainer {
     let binary = test_backend_binary();
     let dir = binary.parent().expect("examples dir").display().to_string();
     let image = ensure_test_image();
@@ -415,6 +424,7 @@ pub fn run_app_container(name_prefix: &str, boot_delay: Duration) -> TestContain
         args.push("-v");
         args.push(l);
     }
+    args.extend_from_slice(docker_options);
     args.extend_from_slice(&[
         &image,
         "/app/test_backend",

@@ -286,6 +286,12 @@ impl IdleController {
         self.shared.state()
     }
 
+    /// The containers this controller stops and starts (control plane only: takes the
+    /// controller's lock).
+    pub fn containers(&self) -> Vec<String> {
+        self.shared.lock().config.containers.clone()
+    }
+
     /// Admits a real request, holding it while the service wakes.
     ///
     /// While active this is a compare-and-swap and returns at once. Otherwise the request
@@ -444,6 +450,7 @@ impl Inner {
     }
 }
 
+pub mod labels;
 mod transitions;
 use transitions::whole_seconds;
 

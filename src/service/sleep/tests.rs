@@ -1,5 +1,5 @@
 use super::*;
-use crate::lifecycle::{LifecycleError, LifecycleFuture};
+use crate::lifecycle::{ContainerInfo, LifecycleError, LifecycleFuture};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use tokio::time::{sleep, sleep_until};
@@ -97,8 +97,8 @@ impl ContainerLifecycle for FakeLifecycle {
         })
     }
 
-    fn inspect<'a>(&'a self, _container: &'a str) -> LifecycleFuture<'a, ()> {
-        Box::pin(async { Ok(()) })
+    fn inspect<'a>(&'a self, _container: &'a str) -> LifecycleFuture<'a, ContainerInfo> {
+        Box::pin(async { Ok(ContainerInfo::default()) })
     }
 }
 
@@ -796,7 +796,7 @@ async fn never_stops_under_a_request_in_flight() {
             }
             self.inner.stop(container, budget)
         }
-        fn inspect<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
+        fn inspect<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ContainerInfo> {
             self.inner.inspect(container)
         }
     }
