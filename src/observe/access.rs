@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
 use tokio::time::Instant;
 
-use super::logfmt::json_escape_into;
+use super::log::json_escape_into;
 use super::metrics;
 use crate::balancer::TargetGuard;
 use crate::service::sleep::InFlight;

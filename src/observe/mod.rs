@@ -1,5 +1,5 @@
 //! What the proxy tells operators: the access log, server messages and metrics.
 
 pub mod access;
-pub mod logfmt;
+pub mod log;
 pub mod metrics;

@@ -1,0 +1,102 @@
+//! JSON text as slog writes it: string escaping and Go's float notation.
+
+use std::fmt;
+
+/// Adapter that JSON-escapes everything written through it, so `Debug` and
+/// `Display` values can be escaped without formatting into a temporary.
+pub(super) struct Escaping<'a, W: fmt::Write + ?Sized>(pub(super) &'a mut W);
+
+impl<W: fmt::Write + ?Sized> fmt::Write for Escaping<'_, W> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        // `fmt` never splits a `&str` inside a character, so escaping each
+        // chunk independently is the same as escaping the whole.
+        write_escaped(self.0, s)
+    }
+}
+
+/// Appends `s` as a JSON string literal (with the surrounding quotes),
+/// escaped exactly as slog's JSON handler does. Used to build `json_fields`
+/// fragments, e.g. for keys and string values of the access log.
+pub fn json_escape_into(out: &mut String, s: &str) {
+    out.push('"');
+    // Writing to a String cannot fail.
+    let _ = write_escaped(out, s);
+    out.push('"');
+}
+
+/// Writes the JSON-escaped contents of `s` (without quotes).
+///
+/// This reproduces slog's `appendEscapedJSONString` byte for byte rather
+/// than using serde_json, whose output differs in two places: slog writes
+/// U+2028/U+2029 as `\u2028`/`\u2029` (they break JavaScript consumers) and
+/// writes `\b`/`\f` as `\u0008`/`\u000c`. Like slog (and unlike Go's default
+/// `json.Marshal`) it does not escape `<`, `>` and `&`. The tests check that
+/// serde_json decodes our output back to the input.
+pub(super) fn write_escaped<W: fmt::Write + ?Sized>(out: &mut W, s: &str) -> fmt::Result {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    // Unescaped runs are copied in one `write_str`. Every cut point is an
+    // ASCII byte or the lead byte of U+2028/U+2029, so slices of `s` always
+    // fall on character boundaries.
+    let mut start = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        let (escape, width): (&str, usize) = match b {
+            b'"' => ("\\\"", 1),
+            b'\\' => ("\\\\", 1),
+            b'\n' => ("\\n", 1),
+            b'\r' => ("\\r", 1),
+            b'\t' => ("\\t", 1),
+            0x00..=0x1f => ("", 1),
+            // U+2028 is E2 80 A8, U+2029 is E2 80 A9 in UTF-8.
+            0xe2 if bytes.get(i + 1) == Some(&0x80) && bytes.get(i + 2) == Some(&0xa8) => {
+                ("\\u2028", 3)
+            }
+            0xe2 if bytes.get(i + 1) == Some(&0x80) && bytes.get(i + 2) == Some(&0xa9) => {
+                ("\\u2029", 3)
+            }
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        out.write_str(&s[start..i])?;
+        if escape.is_empty() {
+            // Other control characters: \u00XX with lowercase hex, as slog.
+            out.write_str("\\u00")?;
+            out.write_char(char::from(HEX[usize::from(b >> 4)]))?;
+            out.write_char(char::from(HEX[usize::from(b & 0x0f)]))?;
+        } else {
+            out.write_str(escape)?;
+        }
+        i += width;
+        start = i;
+    }
+    out.write_str(&s[start..])
+}
+
+/// Writes a float the way slog does (it defers to Go's `json.Marshal`):
+/// shortest round-trip digits, plain notation for 1e-6 <= |x| < 1e21,
+/// otherwise exponent notation with an explicit `+` (`1e+21`, `1.5e-7`).
+/// NaN and infinities are not JSON; slog then writes the marshalling error
+/// as a string value, which we reproduce.
+pub(super) fn write_go_json_float<W: fmt::Write>(out: &mut W, value: f64) -> fmt::Result {
+    if value.is_nan() {
+        return out.write_str("\"!ERROR:json: unsupported value: NaN\"");
+    }
+    if value.is_infinite() {
+        let sign = if value > 0.0 { '+' } else { '-' };
+        return write!(out, "\"!ERROR:json: unsupported value: {sign}Inf\"");
+    }
+    let abs = value.abs();
+    if abs != 0.0 && !(1e-6..1e21).contains(&abs) {
+        let text = format!("{value:e}");
+        match text.split_once('e') {
+            Some((mantissa, exp)) if !exp.starts_with('-') => write!(out, "{mantissa}e+{exp}"),
+            _ => out.write_str(&text),
+        }
+    } else {
+        write!(out, "{value}")
+    }
+}

@@ -1,0 +1,85 @@
+//! Timestamps as slog writes them: Go's RFC 3339 with nanoseconds, in UTC.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Formats `t` as RFC 3339 in UTC with Go's `RFC3339Nano` layout
+/// (`2006-01-02T15:04:05.999999999Z07:00`), which is what slog's JSON handler
+/// uses for `time`: up to nine fractional digits with trailing zeros removed,
+/// and no fraction at all on a whole second.
+pub fn rfc3339_nano_utc(t: SystemTime) -> String {
+    let mut out = String::with_capacity(30);
+    // Writing to a String cannot fail.
+    let _ = write_rfc3339_nano_utc(&mut out, t);
+    out
+}
+
+/// Writes [`rfc3339_nano_utc`] without allocating.
+///
+/// Always UTC (`Z`): the upstream Docker image has no local zone, so slog
+/// prints `Z` there too, and it avoids depending on the host's tz database.
+pub(super) fn write_rfc3339_nano_utc<W: fmt::Write + ?Sized>(
+    out: &mut W,
+    t: SystemTime,
+) -> fmt::Result {
+    // Seconds are floored (not truncated toward zero) so that times before
+    // the epoch get a positive sub-second part, as calendars expect.
+    let (secs, nanos) = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (
+            i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            d.subsec_nanos(),
+        ),
+        Err(before) => {
+            let d = before.duration();
+            let secs = i64::try_from(d.as_secs()).map_or(i64::MIN, |s| -s);
+            match d.subsec_nanos() {
+                0 => (secs, 0),
+                n => (secs.saturating_sub(1), 1_000_000_000 - n),
+            }
+        }
+    };
+    let days = secs.div_euclid(86_400);
+    let second_of_day = secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    write!(
+        out,
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
+        second_of_day / 3600,
+        second_of_day / 60 % 60,
+        second_of_day % 60
+    )?;
+    if nanos != 0 {
+        let mut digits = nanos;
+        let mut width = 9;
+        while digits % 10 == 0 {
+            digits /= 10;
+            width -= 1;
+        }
+        write!(out, ".{digits:0width$}")?;
+    }
+    out.write_char('Z')
+}
+
+/// Converts days since 1970-01-01 to a proleptic Gregorian (year, month,
+/// day), using Howard Hinnant's `civil_from_days` algorithm: shift the year
+/// to start on March 1st so the leap day is last, then split into 400-year
+/// eras (146097 days each), which repeat exactly.
+pub(super) fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    // Shift the epoch from 1970-01-01 to 0000-03-01.
+    let z = days.saturating_add(719_468);
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097); // [0, 146096]
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365; // [0, 399]
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100); // [0, 365]
+    let month_from_march = (5 * day_of_year + 2) / 153; // [0, 11]
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1; // [1, 31]
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    }; // [1, 12]
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    // Both are small by construction (see ranges above).
+    (year, month as u32, day as u32)
+}
