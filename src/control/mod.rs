@@ -4,25 +4,11 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use crate::service::options::{DeploymentOptions, ServiceOptions, TargetOptions};
+pub use crate::router::DeployArgs;
 
 pub mod client;
+pub mod list;
 pub mod server;
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct DeployArgs {
-    pub service: String,
-    pub targets: Vec<String>,
-    #[serde(default)]
-    pub readers: Vec<String>,
-    pub deployment: DeploymentOptions,
-    pub service_options: ServiceOptions,
-    pub target_options: TargetOptions,
-    /// The sleep flags given on the command line (by name, e.g. `sleep-after`), even at
-    /// their zero value: those win over container labels (see `service::sleep::labels`).
-    #[serde(default)]
-    pub sleep_flags: Vec<String>,
-}
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]

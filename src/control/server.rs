@@ -88,7 +88,7 @@ async fn dispatch(router: &Arc<Router>, request: Request) -> Response {
             message,
         } => router.stop(&service, drain_timeout, message).await,
         Request::Resume { service } => router.resume(&service).await,
-        Request::List => return Response::List(router.list()),
+        Request::List => return Response::List(super::list::describe(router.services())),
     };
     match result {
         Ok(()) => Response::Ok,

@@ -6,9 +6,12 @@
 //! deploy fails, so a change must never be live and failed at once, and a change that is
 //! live but not saved would vanish at the next `kamal proxy reboot`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::state::{self, LoadError, ServiceState};
+use crate::service::Service;
 
 pub struct StateStore {
     path: PathBuf,
@@ -55,9 +58,60 @@ impl StateStore {
     }
 }
 
+/// A service as the state file records it.
+pub(super) fn snapshot(s: &Service) -> ServiceState {
+    let config = s.config();
+    ServiceState::new(
+        &s.name,
+        config.deployed_options(),
+        config.target_options.clone(),
+        &s.active(),
+        s.pause.snapshot(),
+        s.sleep_controller()
+            .map(|c| c.state().to_string())
+            .unwrap_or_default(),
+    )
+}
+
+/// Every service as it would be saved, with `changed` in place of (or beside) the
+/// service of the same name.
+pub(super) fn snapshots(
+    services: &BTreeMap<String, Arc<Service>>,
+    changed: Option<ServiceState>,
+) -> Vec<ServiceState> {
+    let unchanged = services
+        .values()
+        .filter(|s| changed.as_ref().is_none_or(|c| *c.name != *s.name))
+        .map(|s| snapshot(s))
+        .collect();
+    with_change(unchanged, changed)
+}
+
+/// `states` (sorted by name, without `changed`'s name) with `changed` in its place.
+fn with_change(mut states: Vec<ServiceState>, changed: Option<ServiceState>) -> Vec<ServiceState> {
+    if let Some(c) = changed {
+        let at = states.partition_point(|s| s.name < c.name);
+        states.insert(at, c);
+    }
+    states
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_lands_in_name_order() {
+        let names = |states: &[ServiceState]| -> Vec<String> {
+            states.iter().map(|s| s.name.clone()).collect()
+        };
+        let saved = with_change(vec![service("a"), service("c")], Some(service("b")));
+        assert_eq!(names(&saved), ["a", "b", "c"]);
+        let saved = with_change(vec![service("b")], Some(service("a")));
+        assert_eq!(names(&saved), ["a", "b"]);
+        let saved = with_change(vec![service("a")], None);
+        assert_eq!(names(&saved), ["a"]);
+    }
 
     fn service(name: &str) -> ServiceState {
         state::parse(format!(r#"[{{"name":"{name}","active_targets":["web:1"]}}]"#).as_bytes())

@@ -1,0 +1,49 @@
+//! `kamal-proxy list`: what the control socket reports about each service.
+
+use std::sync::Arc;
+
+use super::{ListResponse, ServiceDescription};
+use crate::service::Service;
+
+/// The fork's `list --json` shape (F32), extended only by added keys.
+pub fn describe(services: impl IntoIterator<Item = Arc<Service>>) -> ListResponse {
+    let mut out = ListResponse::default();
+    for s in services {
+        out.services.insert(s.name.to_string(), description(&s));
+    }
+    out
+}
+
+fn description(s: &Service) -> ServiceDescription {
+    let config = s.config();
+    let lb = s.active();
+    let o = &config.options;
+    let writers = lb.writer_addresses();
+    let readers = lb.reader_addresses();
+    let sleep = s.sleep_controller();
+    ServiceDescription {
+        host: if o.has_configured_hosts() {
+            o.hosts.join(",")
+        } else {
+            "*".into()
+        },
+        path: o.path_prefixes.join(","),
+        tls: o.tls_enabled,
+        target: writers
+            .iter()
+            .chain(readers.iter())
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(","),
+        state: s.state_name(),
+        hosts: o.hosts.iter().filter(|h| !h.is_empty()).cloned().collect(),
+        path_prefixes: o.path_prefixes.clone(),
+        targets: writers,
+        reader_targets: readers,
+        sleep_state: sleep
+            .as_ref()
+            .map_or("off", |c| c.state().as_str())
+            .to_string(),
+        sleep_containers: sleep.map(|c| c.containers()).unwrap_or_default(),
+    }
+}

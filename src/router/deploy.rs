@@ -1,0 +1,370 @@
+//! Deploy and remove. A deploy is checked completely before anything happens — no
+//! container is woken and no health check runs for a deploy that is then refused — and
+//! saved before it is published.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Router;
+use super::persist::{snapshot, snapshots};
+use super::state::ServiceState;
+use crate::balancer::{LoadBalancer, ProbeMode};
+use crate::gotime;
+use crate::lifecycle::LifecycleError;
+use crate::service::options::{
+    DeploymentOptions, ServiceOptions, TargetOptions, container_ref, validate_target,
+};
+use crate::service::pause::PauseController;
+use crate::service::sleep::{IdleState, labels};
+use crate::service::{Service, ServiceConfig};
+
+/// How long the deploy preflight may spend inspecting containers, in all.
+const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A deploy, as the CLI sends it over the control socket.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeployArgs {
+    pub service: String,
+    pub targets: Vec<String>,
+    #[serde(default)]
+    pub readers: Vec<String>,
+    pub deployment: DeploymentOptions,
+    pub service_options: ServiceOptions,
+    pub target_options: TargetOptions,
+    /// The sleep flags given on the command line (by name, e.g. `sleep-after`), even at
+    /// their zero value: those win over container labels (see `service::sleep::labels`).
+    #[serde(default)]
+    pub sleep_flags: Vec<String>,
+}
+
+/// A deploy that passed every check; nothing has happened yet.
+struct Checked {
+    name: String,
+    targets: Vec<String>,
+    deployment: DeploymentOptions,
+    options: ServiceOptions,
+    target_options: TargetOptions,
+    config: ServiceConfig,
+    lb: Arc<LoadBalancer>,
+}
+
+impl Router {
+    pub async fn deploy(self: &Arc<Self>, args: DeployArgs) -> Result<(), String> {
+        let Checked {
+            name,
+            targets,
+            deployment,
+            options,
+            target_options,
+            config,
+            lb,
+        } = self.check(args).await?;
+
+        // A sleeping service's containers are stopped: wake it first so the new targets
+        // can pass their health checks, and keep it awake (counted in flight) until the
+        // deploy is over so it cannot fall asleep halfway.
+        let existing = self.services.lock().await.get(&name).cloned();
+        let _keep_awake = match existing.and_then(|s| s.sleep_controller()) {
+            Some(c) => {
+                if c.state() != IdleState::Active {
+                    tracing::info!(service = %name, "Waking sleeping service for deploy");
+                }
+                Some(
+                    c.admit()
+                        .await
+                        .map_err(|e| format!("unable to wake service for deploy: {e}"))?,
+                )
+            }
+            None => None,
+        };
+
+        tracing::info!(service = %name, targets = %targets.join(","), hosts = %options.hosts.join(","), paths = %options.path_prefixes.join(","), tls = options.tls_enabled, "Deploying");
+        lb.start_health_checks(ProbeMode::Deploy);
+        if !deployment.force {
+            let timeout = gotime::to_std(deployment.deploy_timeout);
+            if lb.wait_until_healthy(timeout).await.is_err() {
+                lb.stop_health_checks();
+                return Err(format!(
+                    "target failed to become healthy within configured timeout ({})",
+                    gotime::format_duration(deployment.deploy_timeout)
+                ));
+            }
+        }
+
+        let replaced = {
+            let mut services = self.services.lock().await;
+            // Checked before, and again: another deploy may have taken the hosts since.
+            if let Err(e) = refuse_conflict(&services, &name, &options) {
+                lb.stop_health_checks();
+                return Err(e);
+            }
+            let deployed = ServiceState::new(
+                &name,
+                options.clone(),
+                target_options,
+                &lb,
+                services
+                    .get(&name)
+                    .map(|s| s.pause.snapshot())
+                    .unwrap_or_default(),
+                self.idle_state_after_deploy(&options),
+            );
+            if let Err(e) = self.store.save(snapshots(&services, Some(deployed))).await {
+                lb.stop_health_checks();
+                tracing::error!(service = %name, error = %e, "Deploy refused: state not saved");
+                return Err(e);
+            }
+            let replaced = match services.get(&name) {
+                Some(existing) => {
+                    existing.set_config(config);
+                    Some(existing.swap_active(lb))
+                }
+                None => {
+                    let service =
+                        Arc::new(Service::new(&name, config, lb, PauseController::default()));
+                    services.insert(name.clone(), service);
+                    None
+                }
+            };
+            if let Some(service) = services.get(&name) {
+                self.sync_sleep(service, &options, IdleState::Active);
+            }
+            self.publish(&services);
+            replaced
+        };
+        if let Some(old) = replaced {
+            old.stop_health_checks();
+            old.drain(gotime::to_std(deployment.drain_timeout)).await;
+        }
+        tracing::info!(service = %name, targets = %targets.join(","), hosts = %options.hosts.join(","), paths = %options.path_prefixes.join(","), tls = options.tls_enabled, "Deployed");
+        Ok(())
+    }
+
+    /// Every check a deploy must pass, in the order a user would fix them. It reads
+    /// (container labels, certificate files) but changes nothing.
+    async fn check(&self, args: DeployArgs) -> Result<Checked, String> {
+        check_request(&args)?;
+        let DeployArgs {
+            service: name,
+            targets,
+            readers,
+            deployment,
+            service_options: mut options,
+            target_options,
+            sleep_flags,
+        } = args;
+        self.apply_sleep_labels(&name, &mut options, &sleep_flags, &targets, &readers)
+            .await?;
+        options.validate_complete()?;
+        options.normalize();
+        if options.sleep_enabled() {
+            self.sleep_preflight(&options, &targets).await?;
+        }
+        let mut config = ServiceConfig::build(&name, options.clone(), target_options.clone())?;
+        config.tls = self.tls().source_for(&options)?;
+        refuse_conflict(&*self.services.lock().await, &name, &options)?;
+        let lb = LoadBalancer::new(
+            &name,
+            &targets,
+            &readers,
+            target_options.health_check_config.clone(),
+            self.probe_client.clone(),
+        )?;
+        Ok(Checked {
+            name,
+            targets,
+            deployment,
+            options,
+            target_options,
+            config,
+            lb,
+        })
+    }
+
+    /// Fills the sleep settings the command line left unset from the containers' labels
+    /// (`kamal-proxy.sleep-after`, …), when this proxy can manage containers at all.
+    async fn apply_sleep_labels(
+        &self,
+        name: &str,
+        options: &mut ServiceOptions,
+        given: &[String],
+        targets: &[String],
+        readers: &[String],
+    ) -> Result<(), String> {
+        let Some(lifecycle) = &self.lifecycle else {
+            return Ok(());
+        };
+        let unset = labels::unset_flags(options, given);
+        if unset.is_empty() {
+            return Ok(());
+        }
+        let all_targets: Vec<String> = targets.iter().chain(readers).cloned().collect();
+        let sources = labels::label_sources(options, &all_targets);
+        let deadline = tokio::time::Instant::now() + PREFLIGHT_TIMEOUT;
+        let applied =
+            labels::apply_labels(lifecycle.as_ref(), &sources, &unset, options, deadline).await?;
+        if !applied.is_empty() {
+            tracing::info!(service = %name, labels = %applied.join(","), "Sleep settings from container labels");
+        }
+        Ok(())
+    }
+
+    /// Refuses a `--sleep-after` deploy whose containers this proxy could not manage.
+    async fn sleep_preflight(
+        &self,
+        options: &ServiceOptions,
+        targets: &[String],
+    ) -> Result<(), String> {
+        let Some(lifecycle) = &self.lifecycle else {
+            return Err("scale-to-zero requires the proxy to run with --docker-socket".into());
+        };
+        let refs = if options.sleep_containers.is_empty() {
+            targets
+                .iter()
+                .map(|t| container_ref(t).map(str::to_string))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("target does not name a container: {e}"))?
+        } else {
+            options.sleep_containers.clone()
+        };
+        let deadline = tokio::time::Instant::now() + PREFLIGHT_TIMEOUT;
+        for r in &refs {
+            let inspected = tokio::time::timeout_at(deadline, lifecycle.inspect(r)).await;
+            match inspected {
+                Ok(Ok(_)) => {}
+                Ok(Err(LifecycleError::NotFound(_))) => {
+                    return Err(format!(
+                        "target does not name a container: no container named \"{r}\"; if the target names a network alias rather than a container, set --sleep-container"
+                    ));
+                }
+                Ok(Err(LifecycleError::Forbidden(_))) => {
+                    tracing::warn!(container = %r, "Cannot verify container for --sleep-after; the socket denies inspect");
+                }
+                Ok(Err(e)) => {
+                    return Err(format!(
+                        "cannot manage container \"{r}\" for --sleep-after: {e}"
+                    ));
+                }
+                Err(_) => {
+                    return Err(format!(
+                        "cannot manage container \"{r}\" for --sleep-after: timed out"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn remove(&self, name: &str) -> Result<(), String> {
+        let mut services = self.services.lock().await;
+        if !services.contains_key(name) {
+            return Err("service not found".into());
+        }
+        let remaining = services
+            .iter()
+            .filter(|(n, _)| n.as_str() != name)
+            .map(|(_, s)| snapshot(s))
+            .collect();
+        self.store.save(remaining).await?;
+        let Some(service) = services.remove(name) else {
+            return Err("service not found".into());
+        };
+        self.publish(&services);
+        service.set_sleep_controller(None);
+        service.active().stop_health_checks();
+        tracing::info!(service = %name, "Removed");
+        Ok(())
+    }
+}
+
+/// The checks that need nothing but the request itself.
+fn check_request(args: &DeployArgs) -> Result<(), String> {
+    if args.service.is_empty() {
+        return Err("service name must not be empty".into());
+    }
+    for target in args.targets.iter().chain(&args.readers) {
+        validate_target(target)?;
+    }
+    args.service_options.validate()?;
+    args.target_options.validate()?;
+    crate::service::gates::validate_health_check(&args.service_options, &args.target_options)
+}
+
+/// Refuses options that bind a (host, path prefix) pair another service already has.
+fn refuse_conflict(
+    services: &BTreeMap<String, Arc<Service>>,
+    name: &str,
+    options: &ServiceOptions,
+) -> Result<(), String> {
+    let taken = services.iter().find(|(other_name, other)| {
+        *other_name != name && claims_same_route(options, &other.config().options)
+    });
+    match taken {
+        Some((other, _)) => {
+            tracing::error!(service = %name, other = %other, "Host settings conflict with another service");
+            Err("host settings conflict with another service".into())
+        }
+        None => Ok(()),
+    }
+}
+
+/// Whether two services would answer the same host and path prefix.
+fn claims_same_route(a: &ServiceOptions, b: &ServiceOptions) -> bool {
+    a.hosts
+        .iter()
+        .any(|h| b.hosts.contains(h) && a.path_prefixes.iter().any(|p| b.path_prefixes.contains(p)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(hosts: &[&str], prefixes: &[&str]) -> ServiceOptions {
+        let mut o = ServiceOptions {
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            path_prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
+            ..ServiceOptions::default()
+        };
+        o.normalize();
+        o
+    }
+
+    fn request(targets: &[&str]) -> DeployArgs {
+        DeployArgs {
+            service: "app".into(),
+            targets: targets.iter().map(|t| t.to_string()).collect(),
+            readers: vec![],
+            deployment: DeploymentOptions::default(),
+            service_options: ServiceOptions::default(),
+            target_options: TargetOptions::default(),
+            sleep_flags: vec![],
+        }
+    }
+
+    #[test]
+    fn routes_conflict_only_on_a_shared_host_and_prefix() {
+        let a = options(&["a.test"], &["/"]);
+        assert!(claims_same_route(&a, &options(&["a.test"], &["/"])));
+        assert!(claims_same_route(
+            &a,
+            &options(&["b.test", "a.test"], &["/api", "/"])
+        ));
+        assert!(!claims_same_route(&a, &options(&["b.test"], &["/"])));
+        assert!(!claims_same_route(&a, &options(&["a.test"], &["/api"])));
+    }
+
+    #[test]
+    fn a_request_is_checked_before_anything_happens() {
+        assert!(check_request(&request(&["web:3000"])).is_ok());
+        let mut nameless = request(&["web:3000"]);
+        nameless.service.clear();
+        assert_eq!(
+            check_request(&nameless).unwrap_err(),
+            "service name must not be empty"
+        );
+        assert!(check_request(&request(&["web:3000:extra"])).is_err());
+        assert!(check_request(&request(&["web:notaport"])).is_err());
+    }
+}

@@ -1,0 +1,94 @@
+//! Start-up: the services of the state file, restored before any listener opens.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::Router;
+use super::state::{LoadError, ServiceState};
+use crate::balancer::{LoadBalancer, ProbeMode};
+use crate::service::pause::PauseController;
+use crate::service::sleep::IdleState;
+use crate::service::{Service, ServiceConfig};
+
+impl Router {
+    /// Restores the state file. A corrupt file is set aside and the proxy starts empty; a
+    /// file that cannot be read at all is an error (starting empty would overwrite it at
+    /// the next deploy).
+    pub async fn restore(self: &Arc<Self>) -> Result<(), String> {
+        let path = self.store.path().display().to_string();
+        let saved = match self.store.load() {
+            Ok(None) => {
+                tracing::info!("No previous state to restore");
+                return Ok(());
+            }
+            Ok(Some(s)) => s,
+            Err(LoadError::Io(e)) => {
+                return Err(format!(
+                    "cannot read the state file {path} (running as {}): {e}",
+                    crate::config::current_user()
+                ));
+            }
+            Err(e) => {
+                let aside = self.store.set_aside();
+                tracing::error!(path = %path, error = %e, moved_to = %aside, "Failed to decode saved state");
+                return Ok(());
+            }
+        };
+        // All or nothing, as upstream: restoring part of the file and saving would
+        // silently drop the services that failed.
+        let mut restored = BTreeMap::new();
+        for s in &saved {
+            match self.restore_service(s) {
+                Ok(service) => {
+                    restored.insert(s.name.clone(), service);
+                }
+                Err(e) => {
+                    for service in restored.values() {
+                        service.set_sleep_controller(None);
+                        service.active().stop_health_checks();
+                    }
+                    let aside = self.store.set_aside();
+                    tracing::error!(path = %path, service = %s.name, error = %e, moved_to = %aside, "Failed to decode saved state");
+                    return Ok(());
+                }
+            }
+        }
+        let mut services = self.services.lock().await;
+        *services = restored;
+        self.publish(&services);
+        tracing::info!(services = services.len(), "Restored saved state");
+        Ok(())
+    }
+
+    fn restore_service(self: &Arc<Self>, s: &ServiceState) -> Result<Arc<Service>, String> {
+        let mut config =
+            ServiceConfig::build(&s.name, s.options.clone(), s.target_options.clone())?;
+        config.tls = self.tls().source_for(&s.options)?;
+        let lb = LoadBalancer::new(
+            &s.name,
+            &s.active_targets,
+            &s.active_readers,
+            s.target_options.health_check_config.clone(),
+            self.probe_client.clone(),
+        )?;
+        let service = Arc::new(Service::new(
+            &s.name,
+            config,
+            lb.clone(),
+            PauseController::restore(&s.pause_controller),
+        ));
+        let restored_idle = IdleState::parse(&s.idle_state);
+        lb.mark_all_healthy();
+        if s.options.sleep_enabled() && self.lifecycle.is_none() {
+            tracing::warn!(service = %s.name, "Service has --sleep-after but the proxy runs without --docker-socket; it will not sleep");
+        }
+        self.sync_sleep(&service, &s.options, restored_idle);
+        if service
+            .sleep_controller()
+            .is_none_or(|c| c.state() == IdleState::Active)
+        {
+            lb.start_health_checks(ProbeMode::Deploy);
+        }
+        Ok(service)
+    }
+}
