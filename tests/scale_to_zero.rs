@@ -501,3 +501,55 @@ async fn an_invalid_label_refuses_the_deploy_as_an_invalid_flag_would() {
         "Error: service options invalid: sleep-after and wake-timeout cannot be negative\n"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_redeploy_leaves_a_sleeping_service_asleep() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = app("s2z-refused");
+    let p = proxy();
+    let other = common::backend::Backend::start("other").await;
+    p.deploy("other", &other.target(), &["--host=taken.test"]);
+    deploy_sleepy(&p, &c, &["--sleep-after=2s", "--host=app.test"]);
+    asleep(&p, &c);
+
+    // Every refusal comes before the wake a redeploy of a sleeping service needs: had the
+    // wake come first, the container would be running when the refusal is returned.
+    let since = docker::now_unix();
+    let target = format!("127.0.0.1:{}", c.port);
+    let container = format!("--sleep-container={}", c.name);
+    let conflict = p.fails(&[
+        "deploy",
+        "app",
+        "--target",
+        &target,
+        "--host=taken.test",
+        "--sleep-after=2s",
+        &container,
+    ]);
+    assert!(
+        conflict.contains("host settings conflict with another service"),
+        "{conflict}"
+    );
+    let bad_config = p.fails(&[
+        "deploy",
+        "app",
+        "--target",
+        &target,
+        "--host=app.test",
+        "--sleep-after=2s",
+        &container,
+        "--tls",
+        "--tls-certificate-path=/nonexistent.pem",
+        "--tls-private-key-path=/nonexistent.key",
+    ]);
+    assert!(
+        bad_config.contains("unable to load certificate"),
+        "{bad_config}"
+    );
+
+    assert_eq!(p.state_of("app"), "sleeping");
+    assert!(!docker::is_running(&c.name));
+    assert_eq!(docker::start_events_since(&c.name, since), 0);
+}
