@@ -116,12 +116,12 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         .local_addr()
         .map(|a| a.port())
         .unwrap_or(args.https_port);
-    let tls_config = crate::tls::listener::server_config(Arc::new(
-        crate::tls::resolver::TlsResolver::new(router.clone()),
+    let tls_config = crate::server::https::server_config(Arc::new(
+        crate::server::certificates::TlsResolver::new(router.clone()),
     ));
     #[cfg(feature = "http3")]
     let h3_endpoint = if args.http3 {
-        Some(crate::tls::h3::bind(https_port, &tls_config)?)
+        Some(crate::server::h3::bind(https_port, &tls_config)?)
     } else {
         None
     };
@@ -149,14 +149,14 @@ async fn serve(args: RunArgs) -> Result<(), String> {
     let http_task = tokio::spawn(server::serve_http(http, proxy.clone(), stop.clone()));
     #[cfg(feature = "http3")]
     if let Some(endpoint) = h3_endpoint {
-        tasks.push(tokio::spawn(crate::tls::h3::serve(
+        tasks.push(tokio::spawn(crate::server::h3::serve(
             endpoint,
             proxy.clone(),
             stop.clone(),
         )));
     }
-    let https_shared = crate::tls::listener::Https::new(proxy, tls_config, alt_svc);
-    tasks.push(tokio::spawn(crate::tls::listener::serve_https(
+    let https_shared = crate::server::https::Https::new(proxy, tls_config, alt_svc);
+    tasks.push(tokio::spawn(crate::server::https::serve_https(
         https,
         https_shared,
         stop.clone(),

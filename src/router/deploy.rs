@@ -163,7 +163,10 @@ impl Router {
             self.sleep_preflight(&options, &targets).await?;
         }
         let mut config = ServiceConfig::build(&name, options.clone(), target_options.clone())?;
-        config.tls = self.tls().source_for(&options)?;
+        config.tls = options
+            .cert_request()
+            .map(|req| self.tls().source_for(&req))
+            .transpose()?;
         refuse_conflict(&*self.services.lock().await, &name, &options)?;
         let lb = LoadBalancer::new(
             &name,

@@ -63,7 +63,11 @@ impl Router {
     fn restore_service(self: &Arc<Self>, s: &ServiceState) -> Result<Arc<Service>, String> {
         let mut config =
             ServiceConfig::build(&s.name, s.options.clone(), s.target_options.clone())?;
-        config.tls = self.tls().source_for(&s.options)?;
+        config.tls = s
+            .options
+            .cert_request()
+            .map(|req| self.tls().source_for(&req))
+            .transpose()?;
         let lb = LoadBalancer::new(
             &s.name,
             &s.active_targets,

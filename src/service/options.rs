@@ -284,6 +284,20 @@ impl ServiceOptions {
         self.path_prefixes.iter().any(|p| p == "/")
     }
 
+    /// What the service asks of certificates; none without TLS, and none for path-prefix
+    /// services, which inherit TLS from the root service of their host (which answers the
+    /// handshake), as upstream.
+    pub fn cert_request(&self) -> Option<crate::tls::CertRequest<'_>> {
+        (self.tls_enabled && self.serves_root()).then_some(crate::tls::CertRequest {
+            hosts: &self.hosts,
+            certificate_path: &self.tls_certificate_path,
+            private_key_path: &self.tls_private_key_path,
+            acme_directory: &self.acme_directory,
+            acme_cache_path: &self.acme_cache_path,
+            on_demand_url: &self.tls_on_demand_url,
+        })
+    }
+
     pub fn sleep_enabled(&self) -> bool {
         self.sleep_after > 0
     }

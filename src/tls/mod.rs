@@ -1,10 +1,10 @@
-//! TLS: the HTTPS listener, certificate selection by SNI, ACME (HTTP-01 and TLS-ALPN-01),
-//! custom certificates, on-demand TLS and HTTP/3.
+//! TLS certificates: where each service's come from (custom files, ACME with HTTP-01 and
+//! TLS-ALPN-01, on-demand TLS). The listeners that use them live in `server`.
 //!
 //! A service's certificate source is built at deploy (and restore) and travels in its
 //! `ServiceConfig`, so SNI → service → certificate is a lookup in the published route
 //! table: no lock on the handshake path. Anything slow (reading the cache, asking an
-//! on-demand endpoint, talking to the CA) happens in [`resolver::prepare`], after the
+//! on-demand endpoint, talking to the CA) happens in `server::certificates::prepare`, after the
 //! ClientHello is read and before the handshake continues.
 
 use std::collections::{HashMap, HashSet};
@@ -16,15 +16,9 @@ pub mod cache;
 pub mod cert;
 pub mod challenge;
 pub mod client;
-#[cfg(feature = "http3")]
-pub mod h3;
-pub mod http01;
-pub mod listener;
 pub mod on_demand;
-pub mod resolver;
 pub mod static_cert;
 
-use crate::service::options::ServiceOptions;
 use acme::AcmeManager;
 use cache::DirCache;
 use cert::ServedCert;
@@ -37,6 +31,20 @@ pub struct AcmeSettings {
     /// The account contact, if any.
     pub email: Option<String>,
     pub http: client::AcmeHttp,
+}
+
+/// What a TLS service asks of certificates (its `--tls-*`, `--acme-*` and `--host` flags).
+pub struct CertRequest<'a> {
+    pub hosts: &'a [String],
+    /// A custom certificate, when set; ACME otherwise.
+    pub certificate_path: &'a str,
+    pub private_key_path: &'a str,
+    /// The service's ACME directory; empty for the process-wide one.
+    pub acme_directory: &'a str,
+    /// Empty for the default cache under the data directory.
+    pub acme_cache_path: &'a str,
+    /// `--tls-on-demand-url`: certificates for hosts the endpoint allows.
+    pub on_demand_url: &'a str,
 }
 
 /// Where a TLS service's certificates come from.
@@ -53,7 +61,7 @@ pub enum CertSource {
 impl CertSource {
     /// Whether this source may hand out (or obtain) a certificate for `name` without
     /// asking anyone.
-    fn lists(&self, name: &str) -> bool {
+    pub fn lists(&self, name: &str) -> bool {
         match self {
             CertSource::Static(_) => true,
             CertSource::Acme { hosts, .. } => hosts.contains(name),
@@ -89,40 +97,35 @@ impl TlsContext {
         })
     }
 
-    /// The certificate source a service's options ask for, with upstream's deploy errors.
-    pub fn source_for(&self, o: &ServiceOptions) -> Result<Option<Arc<CertSource>>, String> {
-        // Path-prefix services only inherit TLS from the root service of their host, which
-        // answers the handshake; they have no certificates of their own (as upstream).
-        if !o.tls_enabled || !o.serves_root() {
-            return Ok(None);
-        }
-        if !o.tls_certificate_path.is_empty() {
+    /// The certificate source a TLS service asks for, with upstream's deploy errors.
+    pub fn source_for(&self, req: &CertRequest<'_>) -> Result<Arc<CertSource>, String> {
+        if !req.certificate_path.is_empty() {
             let cert = static_cert::load(
-                std::path::Path::new(&o.tls_certificate_path),
-                std::path::Path::new(&o.tls_private_key_path),
+                std::path::Path::new(req.certificate_path),
+                std::path::Path::new(req.private_key_path),
             )
             .map_err(|e| {
                 tracing::error!(error = %e, "Unable to load certificate");
                 "unable to load certificate".to_string()
             })?;
-            return Ok(Some(Arc::new(CertSource::Static(Arc::new(cert)))));
+            return Ok(Arc::new(CertSource::Static(Arc::new(cert))));
         }
-        if o.hosts.iter().any(|h| h.contains('*')) {
+        if req.hosts.iter().any(|h| h.contains('*')) {
             return Err("automatic TLS does not support wildcards".into());
         }
-        let directory = if o.acme_directory.is_empty() {
+        let directory = if req.acme_directory.is_empty() {
             self.settings.default_directory.clone()
         } else {
-            o.acme_directory.clone()
+            req.acme_directory.to_string()
         };
-        let cache_path = if o.acme_cache_path.is_empty() {
+        let cache_path = if req.acme_cache_path.is_empty() {
             crate::config::default_acme_cache_path()
         } else {
-            PathBuf::from(&o.acme_cache_path)
+            PathBuf::from(req.acme_cache_path)
         };
         let cache = DirCache::new(&cache_path, &directory);
         let manager = self.manager(cache, directory);
-        let hosts: HashSet<String> = o
+        let hosts: HashSet<String> = req
             .hosts
             .iter()
             .filter(|h| !h.is_empty())
@@ -130,13 +133,13 @@ impl TlsContext {
             .collect();
         let listed: Vec<String> = hosts.iter().cloned().collect();
         manager.preload(&listed);
-        let on_demand = (!o.tls_on_demand_url.is_empty())
-            .then(|| on_demand::OnDemand::new(&o.tls_on_demand_url));
-        Ok(Some(Arc::new(CertSource::Acme {
+        let on_demand =
+            (!req.on_demand_url.is_empty()).then(|| on_demand::OnDemand::new(req.on_demand_url));
+        Ok(Arc::new(CertSource::Acme {
             manager,
             hosts,
             on_demand,
-        })))
+        }))
     }
 
     /// One manager per cache directory, shared by the services that use it and kept

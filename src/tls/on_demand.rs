@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::client::ProbeHttp;
-use crate::service::Service;
 
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_LOGGED_BODY: usize = 256;
@@ -21,6 +20,10 @@ pub struct OnDemand {
     url: String,
 }
 
+/// The narrow capability on-demand TLS needs from a service: the address of a target
+/// that may answer a local check path now, if any.
+pub type PickTarget<'a> = dyn Fn() -> Option<String> + Send + Sync + 'a;
+
 impl OnDemand {
     pub fn new(url: &str) -> OnDemand {
         OnDemand {
@@ -28,14 +31,15 @@ impl OnDemand {
         }
     }
 
-    /// Asks whether `host` may get a certificate. `service` answers local paths.
+    /// Asks whether `host` may get a certificate. A local check path is asked of the
+    /// target `local_target` picks (the service's own healthy target, or none).
     pub async fn check(
         &self,
         host: &str,
-        service: &Service,
+        local_target: &PickTarget<'_>,
         http: &ProbeHttp,
     ) -> Result<(), String> {
-        let asked = tokio::time::timeout(CHECK_TIMEOUT, self.ask(host, service, http)).await;
+        let asked = tokio::time::timeout(CHECK_TIMEOUT, self.ask(host, local_target, http)).await;
         let (status, body) = match asked {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) => return Err(format!("{host} is not allowed to get a certificate ({e})")),
@@ -58,21 +62,17 @@ impl OnDemand {
     async fn ask(
         &self,
         host: &str,
-        service: &Service,
+        local_target: &PickTarget<'_>,
         http: &ProbeHttp,
     ) -> Result<(u16, Bytes), String> {
         let check = check_url(&self.url, host);
         let request = if check.starts_with('/') {
-            // A path is asked of the service itself. It never wakes a sleeping service
-            // (validation refuses on-demand with --sleep-after) and a paused or stopped
-            // service denies, as upstream's stopped service answers 503.
-            if !service.pause.is_running() {
-                return Ok((503, Bytes::new()));
-            }
-            let Some(target) = service.active().select(true) else {
+            // A path is asked of the service itself; without a target to ask (a paused or
+            // stopped service) it is denied, as upstream's stopped service answers 503.
+            let Some(target) = local_target() else {
                 return Ok((503, Bytes::new()));
             };
-            let uri: Uri = format!("http://{}{}", target.address(), check)
+            let uri: Uri = format!("http://{target}{check}")
                 .parse()
                 .map_err(|e| format!("{e}"))?;
             Request::get(uri)

@@ -13,17 +13,17 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use super::challenge::ACME_TLS_ALPN;
-use super::resolver::{TlsResolver, offers_acme_tls, prepare};
-use crate::server::{Proxy, accept_loop, handle, normalize};
+use super::certificates::{TlsResolver, offers_acme_tls, prepare};
+use super::{Proxy, accept_loop, handle, normalize};
 use crate::service::Conn;
+use crate::tls::challenge::ACME_TLS_ALPN;
 
 /// A client gets this long to send its ClientHello, and again to finish the handshake
 /// once its certificate is ready (obtaining one has its own limit).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn server_config(resolver: Arc<TlsResolver>) -> Arc<rustls::ServerConfig> {
-    let mut config = rustls::ServerConfig::builder_with_provider(super::provider())
+    let mut config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
         .unwrap_or_else(|_| rustls::ServerConfig::builder())
         .with_no_client_auth()

@@ -20,14 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::{Proxy, SHUTDOWN_TIMEOUT, handle, normalize};
+use super::{Proxy, SHUTDOWN_TIMEOUT, handle, normalize};
 use crate::service::Conn;
 
 type BridgeBody = BoxBody<Bytes, std::io::Error>;
 
 /// Binds the UDP socket (all interfaces, as the TCP listeners).
 pub fn bind(port: u16, tcp_config: &rustls::ServerConfig) -> Result<quinn::Endpoint, String> {
-    let mut tls = rustls::ServerConfig::builder_with_provider(super::provider())
+    let mut tls = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| format!("HTTP/3: {e}"))?
         .with_no_client_auth()

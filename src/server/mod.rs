@@ -12,6 +12,12 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+mod acme_http01;
+pub mod certificates;
+#[cfg(feature = "http3")]
+pub mod h3;
+pub mod https;
+
 use crate::observe::access::{AccessRecord, Completion, header_values, no_logged_headers};
 use crate::proxy::Forwarder;
 use crate::proxy::body::ResponseBody;
@@ -196,7 +202,7 @@ pub async fn handle(
         .path()
         .starts_with(crate::tls::challenge::HTTP01_PREFIX)
     {
-        if let Some(answer) = crate::tls::http01::answer(&proxy.router, &req) {
+        if let Some(answer) = acme_http01::answer(&proxy.router, &req) {
             return answer;
         }
     }

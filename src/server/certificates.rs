@@ -11,9 +11,9 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use std::sync::Arc;
 
-use super::challenge::ACME_TLS_ALPN;
-use super::{CertSource, acme_name_ok};
 use crate::router::Router;
+use crate::tls::challenge::ACME_TLS_ALPN;
+use crate::tls::{CertSource, acme_name_ok};
 
 pub struct TlsResolver {
     router: Arc<Router>,
@@ -108,7 +108,17 @@ pub async fn prepare(router: &Router, sni: Option<&str>) {
         None if !source.lists(&name) => return,
         None => {}
         Some(check) if !manager.has_certificate(&name) => {
-            if let Err(e) = check.check(&name, &service, &router.tls().probe).await {
+            // Never wakes a sleeping service: validation refuses on-demand with
+            // --sleep-after. A paused or stopped service has no target to ask.
+            let local_target = || {
+                service
+                    .pause
+                    .is_running()
+                    .then(|| service.active().select(true))
+                    .flatten()
+                    .map(|t| t.address().to_string())
+            };
+            if let Err(e) = check.check(&name, &local_target, &router.tls().probe).await {
                 tracing::info!(host = %name, error = %e, "TLS handshake refused");
                 return;
             }
