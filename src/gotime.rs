@@ -13,6 +13,9 @@
 
 use std::fmt;
 
+/// Nanoseconds in a second: Go's `time.Second`, the unit of every duration we store.
+pub const NS_PER_SEC: i64 = 1_000_000_000;
+
 /// Nanoseconds per unit, as Go's `time` package defines them.
 const NANOSECOND: u64 = 1;
 const MICROSECOND: u64 = 1_000 * NANOSECOND;

@@ -8,7 +8,35 @@ use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 
 use super::target::Target;
-use crate::service::options::HealthCheckConfig;
+use crate::gotime::NS_PER_SEC;
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_HEALTH_CHECK_PATH: &str = "/up";
+pub const DEFAULT_HEALTH_CHECK_INTERVAL: i64 = NS_PER_SEC;
+pub const DEFAULT_HEALTH_CHECK_TIMEOUT: i64 = 5 * NS_PER_SEC;
+
+/// `--health-check-*`: how a target's health is probed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct HealthCheckConfig {
+    pub path: String,
+    pub port: u16,
+    pub interval: i64,
+    pub timeout: i64,
+    pub host: String,
+}
+
+impl Default for HealthCheckConfig {
+    fn default() -> Self {
+        HealthCheckConfig {
+            path: DEFAULT_HEALTH_CHECK_PATH.into(),
+            port: 0,
+            interval: DEFAULT_HEALTH_CHECK_INTERVAL,
+            timeout: DEFAULT_HEALTH_CHECK_TIMEOUT,
+            host: String::new(),
+        }
+    }
+}
 
 pub type ProbeClient = Client<HttpConnector, Empty<Bytes>>;
 

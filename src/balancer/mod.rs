@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 pub mod health;
 pub mod target;
 
-use crate::service::options::HealthCheckConfig;
+use health::HealthCheckConfig;
 use health::ProbeClient;
 pub use target::{Health, Target, TargetGuard};
 
@@ -70,7 +70,7 @@ impl LoadBalancer {
             addrs
                 .iter()
                 .map(|a| {
-                    crate::service::options::validate_target(a)?;
+                    target::validate_target(a)?;
                     Target::new(a)
                 })
                 .collect()

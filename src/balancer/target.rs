@@ -183,9 +183,91 @@ impl Drop for TargetGuard {
     }
 }
 
+/// Upstream's target syntax: a word character followed by at least one of word, `-`, `_`,
+/// `.`, `+`, then an optional `:port`. IPv6 literals, schemes and paths are refused.
+pub fn validate_target(addr: &str) -> Result<(), String> {
+    let (host, port) = match addr.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (addr, None),
+    };
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut chars = host.chars();
+    let ok_host = match chars.next() {
+        Some(first) if word(first) => {
+            let rest: Vec<char> = chars.collect();
+            !rest.is_empty()
+                && rest
+                    .iter()
+                    .all(|&c| word(c) || matches!(c, '-' | '.' | '+'))
+        }
+        _ => false,
+    };
+    let ok_port = port.is_none_or(|p| {
+        !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) && p.parse::<u16>().is_ok()
+    });
+    if ok_host && ok_port {
+        Ok(())
+    } else {
+        Err(format!("{addr} :invalid host pattern"))
+    }
+}
+
+/// The container a target names, for scale-to-zero: its host part, unless that is an
+/// address rather than a name.
+pub fn container_ref(target: &str) -> Result<&str, String> {
+    let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
+    if host.is_empty() || host.parse::<std::net::IpAddr>().is_ok() {
+        return Err(format!(
+            "target {target} is an address, not a container; name the container with --sleep-container"
+        ));
+    }
+    Ok(host)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn target_syntax() {
+        for ok in [
+            "web-1",
+            "web-1:3000",
+            "localhost:80",
+            "127.0.0.1:8080",
+            "abc123def456:80",
+        ] {
+            assert!(validate_target(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "_",
+            "/",
+            "a",
+            "http://x:80",
+            "[::1]:80",
+            "x:port",
+            "x:99999",
+            "a/b",
+        ] {
+            assert_eq!(
+                validate_target(bad).unwrap_err(),
+                format!("{bad} :invalid host pattern")
+            );
+        }
+    }
+
+    #[test]
+    fn container_refs() {
+        assert_eq!(container_ref("web-1:3000").unwrap(), "web-1");
+        assert_eq!(container_ref("abc123def456:80").unwrap(), "abc123def456");
+        assert!(
+            container_ref("10.0.0.5:3000")
+                .unwrap_err()
+                .contains("--sleep-container")
+        );
+        assert!(container_ref("127.0.0.1:80").is_err());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn drain_waits_then_cancels() {

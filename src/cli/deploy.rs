@@ -4,6 +4,7 @@
 use clap::{ArgAction, Args};
 
 use super::values::{duration, float64, go_bool, int64, non_empty, port};
+use crate::balancer::target::validate_target;
 use crate::control::{DeployArgs, Request};
 use crate::service::options::*;
 

@@ -10,12 +10,11 @@ use std::time::Duration;
 use super::Router;
 use super::persist::{snapshot, snapshots};
 use super::state::ServiceState;
+use crate::balancer::target::{container_ref, validate_target};
 use crate::balancer::{LoadBalancer, ProbeMode};
 use crate::gotime;
 use crate::lifecycle::LifecycleError;
-use crate::service::options::{
-    DeploymentOptions, ServiceOptions, TargetOptions, container_ref, validate_target,
-};
+use crate::service::options::{DeploymentOptions, ServiceOptions, TargetOptions};
 use crate::service::pause::PauseController;
 use crate::service::sleep::{IdleState, labels};
 use crate::service::{Service, ServiceConfig};

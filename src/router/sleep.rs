@@ -5,9 +5,10 @@ use std::sync::{Arc, Weak};
 use tokio::sync::Notify;
 
 use super::Router;
+use crate::balancer::target::container_ref;
 use crate::gotime;
 use crate::service::Service;
-use crate::service::options::{ServiceOptions, container_ref};
+use crate::service::options::ServiceOptions;
 use crate::service::sleep::{IdleController, IdleState, SleepConfig, SleepHooks};
 
 impl Router {

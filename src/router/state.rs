@@ -123,7 +123,7 @@ impl ServiceState {
             .iter()
             .chain(self.active_readers.iter())
             .chain(rollout)
-            .try_for_each(|t| crate::service::options::validate_target(t))
+            .try_for_each(|t| crate::balancer::target::validate_target(t))
     }
 }
 

@@ -6,19 +6,15 @@
 use serde::{Deserialize, Deserializer, Serialize};
 use std::time::Duration;
 
-use crate::gotime;
+use crate::gotime::{self, NS_PER_SEC};
 
 pub const DEFAULT_DEPLOY_TIMEOUT: i64 = 30 * NS_PER_SEC;
 pub const DEFAULT_DRAIN_TIMEOUT: i64 = 30 * NS_PER_SEC;
 pub const DEFAULT_PAUSE_TIMEOUT: i64 = 30 * NS_PER_SEC;
 pub const DEFAULT_WRITER_AFFINITY_TIMEOUT: i64 = NS_PER_SEC;
-pub const DEFAULT_HEALTH_CHECK_PATH: &str = "/up";
-pub const DEFAULT_HEALTH_CHECK_INTERVAL: i64 = NS_PER_SEC;
-pub const DEFAULT_HEALTH_CHECK_TIMEOUT: i64 = 5 * NS_PER_SEC;
 pub const DEFAULT_TARGET_TIMEOUT: i64 = 30 * NS_PER_SEC;
 pub const DEFAULT_MAX_MEMORY_BUFFER_SIZE: i64 = 1 << 20;
 pub const DEFAULT_WAKE_TIMEOUT: i64 = 30 * NS_PER_SEC;
-pub const NS_PER_SEC: i64 = 1_000_000_000;
 
 /// Go's `nil` slices are written as `null`; accept both.
 fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -42,6 +38,11 @@ fn is_zero(v: &i64) -> bool {
 fn is_zero_f64(v: &f64) -> bool {
     *v == 0.0
 }
+
+pub use crate::balancer::health::{
+    DEFAULT_HEALTH_CHECK_INTERVAL, DEFAULT_HEALTH_CHECK_PATH, DEFAULT_HEALTH_CHECK_TIMEOUT,
+    HealthCheckConfig,
+};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
@@ -147,28 +148,6 @@ impl Default for ServiceOptions {
             redirects: Vec::new(),
             rewrites: Vec::new(),
             request_timeout: 0,
-        }
-    }
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(default)]
-pub struct HealthCheckConfig {
-    pub path: String,
-    pub port: u16,
-    pub interval: i64,
-    pub timeout: i64,
-    pub host: String,
-}
-
-impl Default for HealthCheckConfig {
-    fn default() -> Self {
-        HealthCheckConfig {
-            path: DEFAULT_HEALTH_CHECK_PATH.into(),
-            port: 0,
-            interval: DEFAULT_HEALTH_CHECK_INTERVAL,
-            timeout: DEFAULT_HEALTH_CHECK_TIMEOUT,
-            host: String::new(),
         }
     }
 }
@@ -414,47 +393,6 @@ pub fn validate_on_demand_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Upstream's target syntax: a word character followed by at least one of word, `-`, `_`,
-/// `.`, `+`, then an optional `:port`. IPv6 literals, schemes and paths are refused.
-pub fn validate_target(addr: &str) -> Result<(), String> {
-    let (host, port) = match addr.rsplit_once(':') {
-        Some((h, p)) => (h, Some(p)),
-        None => (addr, None),
-    };
-    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut chars = host.chars();
-    let ok_host = match chars.next() {
-        Some(first) if word(first) => {
-            let rest: Vec<char> = chars.collect();
-            !rest.is_empty()
-                && rest
-                    .iter()
-                    .all(|&c| word(c) || matches!(c, '-' | '.' | '+'))
-        }
-        _ => false,
-    };
-    let ok_port = port.is_none_or(|p| {
-        !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) && p.parse::<u16>().is_ok()
-    });
-    if ok_host && ok_port {
-        Ok(())
-    } else {
-        Err(format!("{addr} :invalid host pattern"))
-    }
-}
-
-/// The container a target names, for scale-to-zero: its host part, unless that is an
-/// address rather than a name.
-pub fn container_ref(target: &str) -> Result<&str, String> {
-    let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
-    if host.is_empty() || host.parse::<std::net::IpAddr>().is_ok() {
-        return Err(format!(
-            "target {target} is an address, not a container; name the container with --sleep-container"
-        ));
-    }
-    Ok(host)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -566,47 +504,6 @@ mod tests {
         let mut o = ServiceOptions::default();
         o.normalize();
         assert_eq!(o.wake_timeout, 0);
-    }
-
-    #[test]
-    fn target_syntax() {
-        for ok in [
-            "web-1",
-            "web-1:3000",
-            "localhost:80",
-            "127.0.0.1:8080",
-            "abc123def456:80",
-        ] {
-            assert!(validate_target(ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "",
-            "_",
-            "/",
-            "a",
-            "http://x:80",
-            "[::1]:80",
-            "x:port",
-            "x:99999",
-            "a/b",
-        ] {
-            assert_eq!(
-                validate_target(bad).unwrap_err(),
-                format!("{bad} :invalid host pattern")
-            );
-        }
-    }
-
-    #[test]
-    fn container_refs() {
-        assert_eq!(container_ref("web-1:3000").unwrap(), "web-1");
-        assert_eq!(container_ref("abc123def456:80").unwrap(), "abc123def456");
-        assert!(
-            container_ref("10.0.0.5:3000")
-                .unwrap_err()
-                .contains("--sleep-container")
-        );
-        assert!(container_ref("127.0.0.1:80").is_err());
     }
 
     #[test]

@@ -316,7 +316,7 @@ impl LogThrottle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::options::NS_PER_SEC;
+    use crate::gotime::NS_PER_SEC;
 
     fn v(o: ServiceOptions) -> String {
         o.validate().unwrap_err()

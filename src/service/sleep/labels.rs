@@ -9,9 +9,10 @@
 
 use tokio::time::Instant;
 
+use crate::balancer::target::container_ref;
 use crate::gotime;
 use crate::lifecycle::{ContainerLifecycle, LifecycleError};
-use crate::service::options::{ServiceOptions, container_ref};
+use crate::service::options::ServiceOptions;
 
 pub const LABEL_PREFIX: &str = "kamal-proxy.";
 
