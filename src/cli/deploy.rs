@@ -260,7 +260,6 @@ impl DeployCmd {
             rewrites: self.rewrite.clone(),
             request_timeout: self.request_timeout,
         };
-        service_options.validate()?;
         let target_options = TargetOptions {
             health_check_config: HealthCheckConfig {
                 path: self.health_check_path.clone(),
@@ -280,8 +279,7 @@ impl DeployCmd {
             forward_headers: self.forward_headers.unwrap_or(!tls),
             scope_cookie_paths: self.scope_cookie_paths.unwrap_or(false),
         };
-        target_options.validate()?;
-        crate::service::gates::validate_health_check(&service_options, &target_options)?;
+        crate::service::validate(&service_options, &target_options)?;
         let targets = non_empty(target.clone());
         let readers = non_empty(self.read_target.clone());
         for t in targets.iter().chain(readers.iter()) {

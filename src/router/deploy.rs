@@ -289,9 +289,7 @@ fn check_request(args: &DeployArgs) -> Result<(), String> {
     for target in args.targets.iter().chain(&args.readers) {
         validate_target(target)?;
     }
-    args.service_options.validate()?;
-    args.target_options.validate()?;
-    crate::service::gates::validate_health_check(&args.service_options, &args.target_options)
+    crate::service::validate(&args.service_options, &args.target_options)
 }
 
 /// Refuses options that bind a (host, path prefix) pair another service already has.

@@ -382,6 +382,15 @@ fn wake_failed(
 }
 
 /// The path the target sees: the prefix stripped (never empty) unless stripping is off.
+/// Every rule a deploy's options must satisfy, shared by the CLI (before it connects)
+/// and the server (on every deploy), first error first.
+pub fn validate(service: &ServiceOptions, target: &TargetOptions) -> Result<(), String> {
+    service.validate()?;
+    service.validate_with(gates::validate)?;
+    target.validate()?;
+    gates::validate_health_check(service, target)
+}
+
 pub fn routed_path<'a>(path: &'a str, prefix: &str, strip: bool) -> std::borrow::Cow<'a, str> {
     if prefix == "/" || !strip {
         return std::borrow::Cow::Borrowed(path);

@@ -283,11 +283,23 @@ impl ServiceOptions {
 
     /// Validation shared by the CLI (before connecting) and the server (on every deploy):
     /// both give the same message. Runs on a normalised copy, as upstream does.
+    /// The options' own rules; [`crate::service::validate`] adds the gates' and the
+    /// health check's.
     pub fn validate(&self) -> Result<(), String> {
         let mut o = self.clone();
         o.normalize();
         o.check()
             .map_err(|e| format!("service options invalid: {e}"))
+    }
+
+    /// Checks `self` normalized (as it will be deployed) with `check`, errors prefixed.
+    pub fn validate_with(
+        &self,
+        check: impl FnOnce(&ServiceOptions) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let mut o = self.clone();
+        o.normalize();
+        check(&o).map_err(|e| format!("service options invalid: {e}"))
     }
 
     /// [`Self::validate`] plus what only the server can judge, once container labels
@@ -345,7 +357,7 @@ impl ServiceOptions {
         if self.sleep_after > 0 && !self.tls_on_demand_url.is_empty() {
             return Err("sleep-after cannot be used with a TLS on-demand URL".into());
         }
-        super::gates::validate(self)
+        Ok(())
     }
 }
 

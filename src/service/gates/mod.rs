@@ -319,7 +319,7 @@ mod tests {
     use crate::gotime::NS_PER_SEC;
 
     fn v(o: ServiceOptions) -> String {
-        o.validate().unwrap_err()
+        o.validate_with(validate).unwrap_err()
     }
 
     fn s(list: &[&str]) -> Vec<String> {
@@ -343,7 +343,7 @@ mod tests {
                 rate_limit: 1.0,
                 ..base()
             }
-            .validate()
+            .validate_with(validate)
             .is_ok()
         );
         assert!(v(ServiceOptions { allow_ips: s(&["10.0.0.1"]), client_ip_header: "X-Real-IP".into(), ..base() })
