@@ -182,7 +182,10 @@ impl Service {
         forwarder: &Forwarder,
     ) -> Response<ResponseBody> {
         let config = self.config.load_full();
-        let routed = routed_path(req.uri().path(), prefix, config.options.strip_prefix);
+        // The gates below may change the request's headers, so the path is read from the
+        // URI's own handle (a reference count, not a copy) and routed once.
+        let uri = req.uri().clone();
+        let routed = routed_path(uri.path(), prefix, config.options.strip_prefix);
         let excluded = config
             .options
             .exclude_metrics_paths
@@ -212,7 +215,6 @@ impl Service {
         let gates = &config.gates;
         // Classified on the path as the client sent it (prefix stripped), before rewrites.
         let is_health_check = config.is_health_check(req.method(), &routed);
-        drop(routed); // the gates below may change the request's headers
 
         // Step 5: one deadline over everything below, holds included.
         let deadline = gates::deadline::deadline_for(gates.request_timeout, req.headers());
@@ -281,6 +283,15 @@ impl Service {
             }
         }
 
+        // Step 9: rewrites change only what the target sees; then a target is chosen.
+        let path_and_query = gates::rewrite::rewrite(
+            &gates.rewrites,
+            uri.path(),
+            uri.query(),
+            prefix,
+            config.options.strip_prefix,
+        )
+        .unwrap_or_else(|| upstream_path_and_query(&uri, &routed));
         let lb = self.active.load_full();
         let read = is_read_request(&req, config.options.read_targets_accept_websockets);
         let Some(target) = lb.select(read) else {
@@ -292,18 +303,6 @@ impl Service {
         completion.record().target = Some(target.shared_address());
         completion.target = Some(target.begin());
 
-        // Step 9: rewrites change only what the target sees.
-        let path_and_query = gates::rewrite::rewrite(
-            &gates.rewrites,
-            req.uri().path(),
-            req.uri().query(),
-            prefix,
-            config.options.strip_prefix,
-        )
-        .unwrap_or_else(|| {
-            let routed = routed_path(req.uri().path(), prefix, config.options.strip_prefix);
-            upstream_path_and_query(&req, &routed)
-        });
         if !config.options.client_ip_header.is_empty() {
             client_ip_header_to_forwarded_for(&mut req, &config.options.client_ip_header);
         }
@@ -381,7 +380,6 @@ fn wake_failed(
     response
 }
 
-/// The path the target sees: the prefix stripped (never empty) unless stripping is off.
 /// Every rule a deploy's options must satisfy, shared by the CLI (before it connects)
 /// and the server (on every deploy), first error first.
 pub fn validate(service: &ServiceOptions, target: &TargetOptions) -> Result<(), String> {
@@ -391,6 +389,7 @@ pub fn validate(service: &ServiceOptions, target: &TargetOptions) -> Result<(), 
     gates::validate_health_check(service, target)
 }
 
+/// The path the target sees: the prefix stripped (never empty) unless stripping is off.
 pub fn routed_path<'a>(path: &'a str, prefix: &str, strip: bool) -> std::borrow::Cow<'a, str> {
     if prefix == "/" || !strip {
         return std::borrow::Cow::Borrowed(path);
@@ -405,14 +404,14 @@ pub fn routed_path<'a>(path: &'a str, prefix: &str, strip: bool) -> std::borrow:
     }
 }
 
-fn upstream_path_and_query(req: &Request<Incoming>, routed: &str) -> PathAndQuery {
-    let original = req.uri().path_and_query();
+fn upstream_path_and_query(uri: &http::Uri, routed: &str) -> PathAndQuery {
+    let original = uri.path_and_query();
     if original.is_some_and(|pq| pq.path() == routed) {
         if let Some(pq) = original {
             return pq.clone();
         }
     }
-    let s = match req.uri().query() {
+    let s = match uri.query() {
         Some(q) => format!("{routed}?{q}"),
         None => routed.to_string(),
     };
