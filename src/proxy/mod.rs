@@ -6,5 +6,6 @@ pub mod buffer;
 pub mod forward;
 pub mod headers;
 pub mod pages;
+pub mod rejection;
 
 pub use forward::{Forwarder, UpstreamRequest};

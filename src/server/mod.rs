@@ -22,9 +22,9 @@ use crate::observe::access::{AccessRecord, Completion, header_values, no_logged_
 use crate::proxy::Forwarder;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::headers::{X_FORWARDED_FOR, X_REQUEST_ID, X_REQUEST_START};
-use crate::proxy::pages::error_response;
+use crate::proxy::rejection::{Refused, Rejection};
 use crate::router::Router;
-use crate::service::{Conn, finish, host_without_port, request_host};
+use crate::service::{Conn, host_without_port, request_host};
 
 pub const PING_PATH: &str = "/.kamal-proxy/ping";
 /// Upstream's shutdown grace: in-flight requests get this long to finish.
@@ -213,10 +213,12 @@ pub async fn handle(
 
     let host = host_without_port(request_host(&req).unwrap_or(""));
     let Some((service, prefix)) = proxy.router.lookup(host, req.uri().path()) else {
-        return finish(
-            error_response(StatusCode::NOT_FOUND, None, None),
-            completion,
-        );
+        let at = Refused {
+            service: "",
+            path: req.uri().path(),
+            method: req.method(),
+        };
+        return Rejection::NotFound.respond(&at, None, completion);
     };
     service
         .serve(req, conn, &prefix, completion, &proxy.forwarder)

@@ -3,7 +3,7 @@
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use http::uri::PathAndQuery;
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderName, Method, Request, Response, header};
 use hyper::body::Incoming;
 use std::sync::Arc;
 
@@ -16,12 +16,13 @@ use crate::balancer::LoadBalancer;
 pub use crate::observe::access::finish;
 use crate::observe::access::{Completion, header_values, log_key};
 use crate::proxy::body::ResponseBody;
-use crate::proxy::pages::{ErrorPages, error_response};
+use crate::proxy::pages::ErrorPages;
+use crate::proxy::rejection::{Refused, Rejection};
 use crate::proxy::{Forwarder, UpstreamRequest, headers};
 use gates::Gates;
 use options::{ServiceOptions, TargetOptions};
 use pause::{PauseController, PauseOutcome};
-use sleep::{HealthAnswer, IdleController, WakeError};
+use sleep::{HealthAnswer, IdleController};
 
 /// Options compiled for the request path; swapped whole on redeploy.
 #[derive(Clone)]
@@ -216,72 +217,21 @@ impl Service {
         // Classified on the path as the client sent it (prefix stripped), before rewrites.
         let is_health_check = config.is_health_check(req.method(), &routed);
 
-        // Step 5: one deadline over everything below, holds included.
-        let deadline = gates::deadline::deadline_for(gates.request_timeout, req.headers());
-
-        // Step 6: allow list, TLS mismatch, redirects, rate limit, basic auth.
-        if let Some(answer) = gates.check(
-            &self.name,
-            &mut req,
-            conn,
-            &config.options,
-            is_health_check,
-            pages,
-        ) {
-            return finish(answer, completion);
-        }
-
-        if !self.pause.is_running() {
-            if is_health_check {
-                return finish(empty(StatusCode::OK), completion);
+        // Steps 5–8, each of which may answer the request itself.
+        let admitted = self
+            .admit(&mut req, conn, &config, is_health_check, &mut completion)
+            .await;
+        let deadline = match admitted {
+            Ok(deadline) => deadline,
+            Err(rejection) => {
+                let at = Refused {
+                    service: &self.name,
+                    path: uri.path(),
+                    method: req.method(),
+                };
+                return rejection.respond(&at, pages, completion);
             }
-            let Some(outcome) = within(deadline, self.pause.wait()).await else {
-                return finish(deadline_passed(&self.name, &req, pages), completion);
-            };
-            match outcome {
-                PauseOutcome::Proceed => {}
-                PauseOutcome::Stopped(message) => {
-                    let msg = (!message.is_empty()).then_some(message.as_str());
-                    return finish(
-                        error_response(StatusCode::SERVICE_UNAVAILABLE, pages, msg),
-                        completion,
-                    );
-                }
-                PauseOutcome::TimedOut => {
-                    tracing::warn!(service = %self.name, path = %req.uri().path(), "Rejecting request due to expired pause");
-                    return finish(
-                        error_response(StatusCode::GATEWAY_TIMEOUT, pages, None),
-                        completion,
-                    );
-                }
-            }
-        }
-
-        // The sleep gate: nothing above may start a container.
-        if let Some(controller) = self.sleep.load_full() {
-            if is_health_check {
-                match controller.health_check() {
-                    HealthAnswer::Forward => {}
-                    HealthAnswer::Healthy => return finish(empty(StatusCode::OK), completion),
-                    HealthAnswer::Unhealthy => {
-                        return finish(
-                            error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None),
-                            completion,
-                        );
-                    }
-                }
-            } else {
-                // A deadline that fires while the request is held answers 504; the wake
-                // itself runs on, detached, for the next request.
-                match within(deadline, controller.admit()).await {
-                    Some(Ok(in_flight)) => completion.idle = Some(in_flight),
-                    Some(Err(e)) => {
-                        return finish(wake_failed(&self.name, &req, &e, pages), completion);
-                    }
-                    None => return finish(deadline_passed(&self.name, &req, pages), completion),
-                }
-            }
-        }
+        };
 
         // Step 9: rewrites change only what the target sees; then a target is chosen.
         let path_and_query = gates::rewrite::rewrite(
@@ -295,10 +245,12 @@ impl Service {
         let lb = self.active.load_full();
         let read = is_read_request(&req, config.options.read_targets_accept_websockets);
         let Some(target) = lb.select(read) else {
-            return finish(
-                error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None),
-                completion,
-            );
+            let at = Refused {
+                service: &self.name,
+                path: uri.path(),
+                method: req.method(),
+            };
+            return Rejection::NoHealthyTarget.respond(&at, pages, completion);
         };
         completion.record().target = Some(target.shared_address());
         completion.target = Some(target.begin());
@@ -325,6 +277,68 @@ impl Service {
     }
 }
 
+impl Service {
+    /// Steps 5–8 of the pipeline: the request deadline, the gates, the pause gate and the
+    /// sleep gate. `Ok` carries the deadline, for the steps below; an admitted request to
+    /// a sleeping service is counted in flight (in `completion`) and its wake awaited.
+    async fn admit(
+        &self,
+        req: &mut Request<Incoming>,
+        conn: Conn,
+        config: &ServiceConfig,
+        is_health_check: bool,
+        completion: &mut Completion,
+    ) -> Result<Option<tokio::time::Instant>, Rejection> {
+        let gates = &config.gates;
+        // Step 5: one deadline over everything below, holds included.
+        let deadline = gates::deadline::deadline_for(gates.request_timeout, req.headers());
+
+        // Step 6: allow list, TLS mismatch, redirects, rate limit, basic auth.
+        gates.check(&self.name, req, conn, &config.options, is_health_check)?;
+
+        // Step 7: paused → held; stopped → refused.
+        if !self.pause.is_running() {
+            if is_health_check {
+                return Err(Rejection::HealthCheckAnswered { healthy: true });
+            }
+            match within(deadline, self.pause.wait()).await {
+                None => return Err(Rejection::DeadlineExceeded),
+                Some(PauseOutcome::Proceed) => {}
+                Some(PauseOutcome::Stopped(message)) => {
+                    return Err(Rejection::Stopped { message });
+                }
+                Some(PauseOutcome::TimedOut) => return Err(Rejection::PauseExpired),
+            }
+        }
+
+        // Step 8, the sleep gate: nothing above may start a container.
+        if let Some(controller) = self.sleep.load_full() {
+            if is_health_check {
+                return match controller.health_check() {
+                    HealthAnswer::Forward => Ok(deadline),
+                    HealthAnswer::Healthy => Err(Rejection::HealthCheckAnswered { healthy: true }),
+                    HealthAnswer::Unhealthy => {
+                        Err(Rejection::HealthCheckAnswered { healthy: false })
+                    }
+                };
+            }
+            // A deadline that fires while the request is held answers 504; the wake
+            // itself runs on, detached, for the next request.
+            match within(deadline, controller.admit()).await {
+                Some(Ok(in_flight)) => completion.idle = Some(in_flight),
+                Some(Err(e)) => {
+                    return Err(Rejection::WakeFailed {
+                        detail: e.to_string(),
+                        retry_after: e.retry_after(),
+                    });
+                }
+                None => return Err(Rejection::DeadlineExceeded),
+            }
+        }
+        Ok(deadline)
+    }
+}
+
 /// Runs `f` until `deadline`, if there is one; `None` when the deadline passed first.
 async fn within<F: std::future::Future>(
     deadline: Option<tokio::time::Instant>,
@@ -336,15 +350,6 @@ async fn within<F: std::future::Future>(
     }
 }
 
-fn deadline_passed(
-    service: &str,
-    req: &Request<Incoming>,
-    pages: Option<&Arc<ErrorPages>>,
-) -> Response<ResponseBody> {
-    tracing::info!(service = %service, path = %req.uri().path(), "Request deadline exceeded");
-    error_response(StatusCode::GATEWAY_TIMEOUT, pages, None)
-}
-
 /// Upstream's `--client-ip-header`: a non-empty value of that header replaces the
 /// client's `X-Forwarded-For` before the forwarded headers are computed.
 fn client_ip_header_to_forwarded_for(req: &mut Request<Incoming>, name: &str) {
@@ -353,31 +358,6 @@ fn client_ip_header_to_forwarded_for(req: &mut Request<Incoming>, name: &str) {
     };
     req.headers_mut()
         .insert(&crate::proxy::headers::X_FORWARDED_FOR, value);
-}
-
-fn empty(status: StatusCode) -> Response<ResponseBody> {
-    let mut r = Response::new(ResponseBody::empty());
-    *r.status_mut() = status;
-    r
-}
-
-/// The wake-failure answer: a 503 page with `Retry-After`, and nothing about containers or
-/// sockets (that goes to the log only).
-fn wake_failed(
-    service: &str,
-    req: &Request<Incoming>,
-    e: &WakeError,
-    pages: Option<&Arc<ErrorPages>>,
-) -> Response<ResponseBody> {
-    tracing::warn!(service = %service, path = %req.uri().path(), error = %e, "Rejecting request: service did not wake");
-    let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None);
-    if let Some(retry) = e.retry_after() {
-        let secs = retry.as_secs_f64().ceil().max(1.0) as u64;
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    response
 }
 
 /// Every rule a deploy's options must satisfy, shared by the CLI (before it connects)

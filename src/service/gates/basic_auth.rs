@@ -17,9 +17,6 @@ const SCHEME: &str = "sha256";
 const SALT_LEN: usize = 16;
 const DIGEST_LEN: usize = 32;
 
-pub const CHALLENGE: HeaderValue =
-    HeaderValue::from_static("Basic realm=\"Restricted\", charset=\"UTF-8\"");
-
 /// Splits the `--basic-auth` value at the first colon (passwords may contain colons,
 /// usernames may not) and hashes it with a fresh salt.
 pub fn encode_flag(value: &str) -> Result<String, String> {

@@ -10,9 +10,8 @@
 //! allow list, the rate limit and basic auth, so a load balancer can watch a protected
 //! service drain.
 
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::Request;
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -26,8 +25,7 @@ pub mod rewrite;
 pub mod rules;
 
 use crate::gotime;
-use crate::proxy::body::ResponseBody;
-use crate::proxy::pages::{ErrorPages, error_response};
+use crate::proxy::rejection::Rejection;
 use crate::service::Conn;
 use crate::service::options::{ServiceOptions, TargetOptions};
 use allow_list::AllowList;
@@ -125,9 +123,9 @@ impl Gates {
         })
     }
 
-    /// Runs the gates in order. `Some` is the answer (403, 503, 3xx, 429 or 401); `None`
-    /// lets the request on to the pause and sleep gates. The `Authorization` header is
-    /// always removed when basic auth is on.
+    /// Runs the gates in order: a refusal (403, 503, 3xx, 429 or 401) or `Ok` to let the
+    /// request on to the pause and sleep gates. The `Authorization` header is always
+    /// removed when basic auth is on.
     pub fn check<B>(
         &self,
         service: &str,
@@ -135,8 +133,7 @@ impl Gates {
         conn: Conn,
         o: &ServiceOptions,
         is_health_check: bool,
-        pages: Option<&Arc<ErrorPages>>,
-    ) -> Option<Response<ResponseBody>> {
+    ) -> Result<(), Rejection> {
         let needs_client = !is_health_check && (self.allow.is_some() || self.rate_limit.is_some());
         let client = needs_client
             .then(|| self.resolver.resolve(conn.client.ip(), req.headers()))
@@ -151,36 +148,30 @@ impl Gates {
                     client,
                     req.uri().path(),
                 );
-                return Some(error_response(StatusCode::FORBIDDEN, pages, None));
+                return Err(Rejection::Forbidden);
             }
         }
         if conn.tls && !o.tls_enabled {
-            return Some(error_response(StatusCode::SERVICE_UNAVAILABLE, pages, None));
+            return Err(Rejection::TlsNotEnabled);
         }
         if let Some((status, location)) = redirect::location(req, o, &self.redirects, conn.tls) {
-            return Some(redirect::response(req.method(), status, &location));
+            return Err(Rejection::Redirect { status, location });
         }
         if let Some(limit) = self.rate_limit.as_ref().filter(|_| !is_health_check) {
             if !limit.allow(client) {
                 self.log_denied(service, "Rate limited", conn, client, req.uri().path());
-                let mut r = error_response(StatusCode::TOO_MANY_REQUESTS, pages, None);
-                r.headers_mut().insert(
-                    header::RETRY_AFTER,
-                    HeaderValue::from(limit.retry_after_secs()),
-                );
-                return Some(r);
+                return Err(Rejection::RateLimited {
+                    retry_after_secs: limit.retry_after_secs(),
+                });
             }
         }
         if let Some(auth) = &self.basic_auth {
             let ok = auth.take_and_check(req.headers_mut());
             if !ok && !is_health_check {
-                let mut r = error_response(StatusCode::UNAUTHORIZED, pages, None);
-                r.headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, basic_auth::CHALLENGE);
-                return Some(r);
+                return Err(Rejection::Unauthorized);
             }
         }
-        None
+        Ok(())
     }
 
     fn log_denied(&self, service: &str, msg: &str, conn: Conn, client: Option<IpAddr>, path: &str) {

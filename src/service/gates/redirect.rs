@@ -1,12 +1,10 @@
 //! The redirect step: upstream's TLS and canonical-host redirects with the fork's
 //! `--redirect` rules folded in, so `http://www.x/old` → `https://x/new` is one hop.
 
-use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{Request, StatusCode};
 
 use super::rules::{RuleSet, encode_path, is_full_url, split_query};
 use crate::observe::access::decoded_path;
-use crate::proxy::body::ResponseBody;
 use crate::service::options::ServiceOptions;
 use crate::service::{host_without_port, request_host};
 
@@ -81,37 +79,11 @@ pub fn location<B>(
     ))
 }
 
-/// The redirect response, as Go's `http.Redirect` writes it.
-pub fn response(method: &Method, status: StatusCode, location: &str) -> Response<ResponseBody> {
-    let body = if method == Method::GET {
-        format!(
-            "<a href=\"{}\">{}</a>.\n\n",
-            crate::proxy::pages::html_escape(location),
-            status.canonical_reason().unwrap_or("")
-        )
-    } else {
-        String::new()
-    };
-    let mut r = Response::new(ResponseBody::full(Bytes::from(body)));
-    *r.status_mut() = status;
-    if let Ok(v) = HeaderValue::from_str(location) {
-        r.headers_mut().insert(header::LOCATION, v);
-    }
-    if method == Method::GET || method == Method::HEAD {
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/html; charset=utf-8"),
-        );
-    }
-    r.headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    r
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::rules::Kind;
     use super::*;
+    use http::header;
 
     fn req(host: &str, pq: &str) -> Request<()> {
         Request::builder()

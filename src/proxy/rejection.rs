@@ -1,0 +1,270 @@
+//! Every answer the proxy gives itself instead of the app's, and the one place that
+//! renders it.
+//!
+//! A pipeline step that refuses a request returns a [`Rejection`]; [`Rejection::respond`]
+//! writes its log line, renders it (with the service's error pages) and finishes the
+//! exchange. Each variant knows its status, what the log says about it and what the
+//! client may read: never internal detail (container names, socket paths, daemon
+//! output), which goes to the log only.
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Response, StatusCode, header};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::body::ResponseBody;
+use super::pages::{ErrorPages, error_response, html_escape};
+use crate::observe::access::{Completion, finish};
+
+/// Why the proxy answered a request itself.
+#[derive(Debug)]
+pub enum Rejection {
+    /// No service for the host and path (404, the built-in page: no service to ask).
+    NotFound,
+    /// `--allow-ip` does not admit the client (403).
+    Forbidden,
+    /// An HTTPS request to a service deployed without TLS (503).
+    TlsNotEnabled,
+    /// TLS, canonical-host or `--redirect` rules send the client elsewhere.
+    Redirect {
+        status: StatusCode,
+        location: String,
+    },
+    /// `--rate-limit` budget spent (429, `Retry-After`).
+    RateLimited { retry_after_secs: u64 },
+    /// `--basic-auth` credentials missing or wrong (401, a challenge).
+    Unauthorized,
+    /// A health check answered for the app while it is paused or asleep: 200 when it
+    /// would be healthy, 503 after a failed wake. Never held, never waking.
+    HealthCheckAnswered { healthy: bool },
+    /// `kamal-proxy stop`: 503 with the operator's message, if any.
+    Stopped { message: String },
+    /// A paused request was held past the pause timeout (504).
+    PauseExpired,
+    /// `--request-timeout` passed (504).
+    DeadlineExceeded,
+    /// The service did not wake (503, `Retry-After` when a retry is worth it). `detail`
+    /// is for the log only.
+    WakeFailed {
+        detail: String,
+        retry_after: Option<Duration>,
+    },
+    /// Every target is unhealthy or draining (503).
+    NoHealthyTarget,
+    /// `--target-timeout` passed before the target's response headers (504).
+    TargetTimeout,
+    /// The target was drained away while the request waited for it (504).
+    Drained,
+    /// The target could not be reached or broke the exchange (502). `detail` is for the
+    /// log only.
+    TargetFailed { target: Arc<str>, detail: String },
+    /// The client's own body could not be read, e.g. malformed chunking (400).
+    BadRequestBody { detail: String },
+    /// A buffered request body over `--max-request-body` (413).
+    RequestTooLarge,
+    /// A buffered response over `--max-response-body` (500, as upstream).
+    ResponseTooLarge,
+    /// Buffering to memory or disk failed (500). `detail` is for the log only.
+    BufferFailed { detail: String },
+}
+
+impl Rejection {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::NotFound => StatusCode::NOT_FOUND,
+            Rejection::Forbidden => StatusCode::FORBIDDEN,
+            Rejection::Redirect { status, .. } => *status,
+            Rejection::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Rejection::Unauthorized => StatusCode::UNAUTHORIZED,
+            Rejection::HealthCheckAnswered { healthy: true } => StatusCode::OK,
+            Rejection::TlsNotEnabled
+            | Rejection::HealthCheckAnswered { healthy: false }
+            | Rejection::Stopped { .. }
+            | Rejection::WakeFailed { .. }
+            | Rejection::NoHealthyTarget => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::PauseExpired
+            | Rejection::DeadlineExceeded
+            | Rejection::TargetTimeout
+            | Rejection::Drained => StatusCode::GATEWAY_TIMEOUT,
+            Rejection::TargetFailed { .. } => StatusCode::BAD_GATEWAY,
+            Rejection::BadRequestBody { .. } => StatusCode::BAD_REQUEST,
+            Rejection::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejection::ResponseTooLarge | Rejection::BufferFailed { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    /// The log line this answer deserves, if any (the gates log their own, throttled).
+    fn log(&self, service: &str, path: &str) {
+        match self {
+            Rejection::PauseExpired => {
+                tracing::warn!(service, path, "Rejecting request due to expired pause")
+            }
+            Rejection::DeadlineExceeded => {
+                tracing::info!(service, path, "Request deadline exceeded")
+            }
+            Rejection::TargetTimeout => {
+                tracing::info!(service, path, "Target timed out before responding")
+            }
+            Rejection::WakeFailed { detail, .. } => {
+                tracing::warn!(service, path, error = %detail, "Rejecting request: service did not wake")
+            }
+            Rejection::Drained => {
+                tracing::info!(service, path, "Request cancelled due to draining")
+            }
+            Rejection::TargetFailed { target, detail } => {
+                tracing::error!(service, target = %target, path, error = %detail, "Error while proxying")
+            }
+            Rejection::BadRequestBody { detail } => {
+                tracing::info!(service, path, error = %detail, "Malformed request")
+            }
+            Rejection::ResponseTooLarge => {
+                tracing::info!(service, path, "Response exceeded max response limit")
+            }
+            Rejection::BufferFailed { detail } => {
+                tracing::error!(service, path, error = %detail, "Error buffering")
+            }
+            _ => {}
+        }
+    }
+
+    /// The response the client gets.
+    pub fn render(
+        self,
+        pages: Option<&Arc<ErrorPages>>,
+        method: &Method,
+    ) -> Response<ResponseBody> {
+        let status = self.status();
+        match self {
+            Rejection::HealthCheckAnswered { healthy: true } => {
+                let mut r = Response::new(ResponseBody::empty());
+                *r.status_mut() = status;
+                r
+            }
+            Rejection::NotFound => error_response(status, None, None),
+            Rejection::Redirect { location, .. } => redirect(method, status, &location),
+            Rejection::Stopped { message } => {
+                let message = (!message.is_empty()).then_some(message.as_str());
+                error_response(status, pages, message)
+            }
+            Rejection::RateLimited { retry_after_secs } => {
+                let mut r = error_response(status, pages, None);
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+                r
+            }
+            Rejection::Unauthorized => {
+                let mut r = error_response(status, pages, None);
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(BASIC_AUTH_CHALLENGE),
+                );
+                r
+            }
+            Rejection::WakeFailed { retry_after, .. } => {
+                let mut r = error_response(status, pages, None);
+                if let Some(retry) = retry_after {
+                    let secs = retry.as_secs_f64().ceil().max(1.0) as u64;
+                    r.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+                }
+                r
+            }
+            _ => error_response(status, pages, None),
+        }
+    }
+
+    /// Logs, renders and finishes the exchange: the one way a rejection reaches a client.
+    pub fn respond(
+        self,
+        at: &Refused<'_>,
+        pages: Option<&Arc<ErrorPages>>,
+        completion: Completion,
+    ) -> Response<ResponseBody> {
+        self.log(at.service, at.path);
+        finish(self.render(pages, at.method), completion)
+    }
+}
+
+/// Where a rejection happened, for its log line and its rendering.
+pub struct Refused<'a> {
+    pub service: &'a str,
+    pub path: &'a str,
+    pub method: &'a Method,
+}
+
+/// The `WWW-Authenticate` challenge of `--basic-auth`.
+pub const BASIC_AUTH_CHALLENGE: &str = "Basic realm=\"Restricted\", charset=\"UTF-8\"";
+
+/// The redirect response, as Go's `http.Redirect` writes it.
+fn redirect(method: &Method, status: StatusCode, location: &str) -> Response<ResponseBody> {
+    let body = if method == Method::GET {
+        format!(
+            "<a href=\"{}\">{}</a>.\n\n",
+            html_escape(location),
+            status.canonical_reason().unwrap_or("")
+        )
+    } else {
+        String::new()
+    };
+    let mut r = Response::new(ResponseBody::full(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = HeaderValue::from_str(location) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    if method == Method::GET || method == Method::HEAD {
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+    }
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_headers() {
+        let get = Method::GET;
+        let r = Rejection::RateLimited {
+            retry_after_secs: 3,
+        }
+        .render(None, &get);
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "3");
+
+        let r = Rejection::WakeFailed {
+            detail: "container web-1: no such container".into(),
+            retry_after: Some(Duration::from_millis(1500)),
+        }
+        .render(None, &get);
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+
+        let r = Rejection::Unauthorized.render(None, &get);
+        assert_eq!(r.status(), 401);
+        assert!(r.headers().contains_key(header::WWW_AUTHENTICATE));
+
+        let r = Rejection::Redirect {
+            status: StatusCode::PERMANENT_REDIRECT,
+            location: "https://a.test/x".into(),
+        }
+        .render(None, &Method::POST);
+        assert_eq!(r.status(), 308);
+        assert_eq!(r.headers()[header::LOCATION], "https://a.test/x");
+
+        assert_eq!(Rejection::TargetTimeout.status(), 504);
+        assert_eq!(Rejection::DeadlineExceeded.status(), 504);
+        assert_eq!(
+            Rejection::HealthCheckAnswered { healthy: true }
+                .render(None, &get)
+                .status(),
+            200
+        );
+    }
+}
