@@ -53,7 +53,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> i32 {
-    let _log_guard = crate::observe::logfmt::init(args.debug);
+    let _log_guard = crate::observe::log::init(args.debug);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
