@@ -15,7 +15,7 @@ ARG TARGETARCH
 
 COPY rootfs/ /
 # Owned by the user, so a fresh named volume mounted on ~/.config/kamal-proxy inherits it.
-COPY --chown=1001:1001 home/ /home/
+COPY --chown=1001:1001 home/kamal-proxy/ /home/kamal-proxy/
 COPY bin/${TARGETARCH}/kamal-proxy /usr/local/bin/kamal-proxy
 
 # Kamal's reboot prunes stopped proxy containers by this label.

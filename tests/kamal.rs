@@ -32,14 +32,9 @@ fn booted(run_options: &[(&str, &str)]) -> Option<KamalHost> {
 
 /// `GET path` with a `Host` header through the published HTTP port.
 async fn get(host: &KamalHost, name: &str, path: &str) -> common::Reply {
-    send(
-        &client(),
-        reqwest::Method::GET,
-        &host.url(path),
-        Some(name),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("GET {path} (host {name}) failed: {e}\n{}", host.logs()))
+    send(&client(), reqwest::Method::GET, &host.url(path), Some(name))
+        .await
+        .unwrap_or_else(|e| panic!("GET {path} (host {name}) failed: {e}\n{}", host.logs()))
 }
 
 #[test]
@@ -63,7 +58,11 @@ fn the_image_follows_upstream_and_its_tag_satisfies_kamal_and_the_fork() {
             .args(["image", "inspect", "--format", format, &image])
             .output()
             .expect("docker image inspect");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
     assert_eq!(
@@ -84,7 +83,14 @@ fn the_image_follows_upstream_and_its_tag_satisfies_kamal_and_the_fork() {
     // The files, owners and modes a container starts with (docker export of a created one).
     let name = format!("kamal-proxy-files-{}", std::process::id());
     let created = std::process::Command::new("docker")
-        .args(["create", "--label", docker::TEST_LABEL, "--name", &name, &image])
+        .args([
+            "create",
+            "--label",
+            docker::TEST_LABEL,
+            "--name",
+            &name,
+            &image,
+        ])
         .output()
         .expect("docker create");
     assert!(created.status.success());
@@ -106,7 +112,8 @@ fn the_image_follows_upstream_and_its_tag_satisfies_kamal_and_the_fork() {
     };
     let data_dir = entry("home/kamal-proxy/.config/kamal-proxy/");
     assert!(data_dir.starts_with("drwx------ 1001/1001"), "{data_dir}");
-    assert!(entry("home/kamal-proxy/").contains(" 1001/1001 "));
+    assert!(entry("home/kamal-proxy/").starts_with("drwxr-xr-x 1001/1001"));
+    assert!(entry("home/").starts_with("drwxr-xr-x 0/0"));
     assert!(entry("tmp/").starts_with("drwxrwxrwt"), "{}", entry("tmp/"));
     assert!(entry("usr/local/bin/kamal-proxy").starts_with("-rwxr-xr-x 0/0"));
     entry("etc/ssl/certs/ca-certificates.crt");
@@ -126,9 +133,10 @@ async fn boot_deploy_an_app_and_an_accessory_then_remove_them() {
     // Kamal's own integration suite greps a fresh boot's log for this.
     host.wait_for_log(&["No previous state to restore"], PATIENCE);
     // The server runs as the image's user, not root.
-    let top = host.run_ok(&format!("docker top {} -o uid,args", host.proxy));
+    let top = host.run_ok(&format!("docker top {} -o pid,uid,args", host.proxy));
     assert!(
-        top.lines().any(|l| l.contains("1001") && l.contains("kamal-proxy run")),
+        top.lines()
+            .any(|l| l.contains("1001") && l.contains("kamal-proxy run")),
         "{top}"
     );
 
@@ -237,7 +245,10 @@ async fn a_redeploy_under_load_drops_no_request_when_the_old_container_stops_at_
     );
     assert!(failures.is_empty(), "failed requests: {failures:?}");
     assert!(v1_seen > 0, "load ran before the switch");
-    assert!(v2_after_stop > 0, "load ran after the old container stopped");
+    assert!(
+        v2_after_stop > 0,
+        "load ran after the old container stopped"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -441,7 +452,11 @@ async fn custom_certificates_from_apps_config() {
     let (cert, key, pem) = common::pebble::self_signed(&tls, "generated", &[APP_HOST]);
     std::fs::rename(&cert, tls.join("cert.pem")).unwrap();
     std::fs::rename(&key, tls.join("key.pem")).unwrap();
-    for dir in [host.apps_config().join("app"), host.apps_config().join("app/tls"), tls.clone()] {
+    for dir in [
+        host.apps_config().join("app"),
+        host.apps_config().join("app/tls"),
+        tls.clone(),
+    ] {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
@@ -458,7 +473,10 @@ async fn custom_certificates_from_apps_config() {
     let https = reqwest::Client::builder()
         .no_proxy()
         .tls_certs_only([reqwest::Certificate::from_pem(pem.as_bytes()).unwrap()])
-        .resolve(APP_HOST, SocketAddr::from(([127, 0, 0, 1], host.https_port)))
+        .resolve(
+            APP_HOST,
+            SocketAddr::from(([127, 0, 0, 1], host.https_port)),
+        )
         .build()
         .unwrap();
     let r = https
@@ -488,7 +506,10 @@ fn socket_options() -> Vec<(&'static str, String)> {
             format!("{}:/var/run/docker.sock", socket.display()),
         ),
         ("group-add", gid.to_string()),
-        ("env", "KAMAL_PROXY_DOCKER_SOCKET=/var/run/docker.sock".to_owned()),
+        (
+            "env",
+            "KAMAL_PROXY_DOCKER_SOCKET=/var/run/docker.sock".to_owned(),
+        ),
     ]
 }
 
@@ -499,9 +520,10 @@ fn booted_with_socket() -> Option<KamalHost> {
     let options = socket_options();
     let options: Vec<(&str, &str)> = options.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let host = booted(&options)?;
-    let top = host.run_ok(&format!("docker top {} -o uid,args", host.proxy));
+    let top = host.run_ok(&format!("docker top {} -o pid,uid,args", host.proxy));
     assert!(
-        top.lines().any(|l| l.contains("1001") && l.contains("kamal-proxy run")),
+        top.lines()
+            .any(|l| l.contains("1001") && l.contains("kamal-proxy run")),
         "the proxy runs as uid 1001: {top}"
     );
     Some(host)
@@ -512,7 +534,11 @@ async fn sleeps_and_wakes(host: &KamalHost, app: &App, body: &str) {
     host.wait_for_container_status(&app.name, "exited", PATIENCE);
     let deadline = Instant::now() + PATIENCE;
     while host.list_json()["services"]["app-web"]["sleep_state"] != "sleeping" {
-        assert!(Instant::now() < deadline, "never sleeping: {}", host.list_json());
+        assert!(
+            Instant::now() < deadline,
+            "never sleeping: {}",
+            host.list_json()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let r = get(host, APP_HOST, "/").await;

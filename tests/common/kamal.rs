@@ -297,7 +297,11 @@ impl KamalHost {
 
     /// `kamal proxy boot`: `docker container start kamal-proxy || docker run …`.
     pub fn boot_line(&self) -> String {
-        format!("docker container start {} || {}", self.proxy, self.run_line())
+        format!(
+            "docker container start {} || {}",
+            self.proxy,
+            self.run_line()
+        )
     }
 
     /// `kamal proxy boot` on fresh free ports, then waits until the proxy answers its ping.
@@ -331,7 +335,10 @@ impl KamalHost {
     pub fn wait_until_serving(&self) {
         let deadline = Instant::now() + BOOT_TIMEOUT;
         loop {
-            if matches!(docker::http_get(self.http_port, "/.kamal-proxy/ping"), Ok((200, _))) {
+            if matches!(
+                docker::http_get(self.http_port, "/.kamal-proxy/ping"),
+                Ok((200, _))
+            ) {
                 return;
             }
             assert!(
@@ -471,10 +478,7 @@ impl KamalHost {
         let deadline = Instant::now() + timeout;
         loop {
             let logs = self.logs();
-            if let Some(line) = logs
-                .lines()
-                .find(|l| needles.iter().all(|n| l.contains(n)))
-            {
+            if let Some(line) = logs.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
                 return line.to_owned();
             }
             assert!(
