@@ -12,7 +12,7 @@ use common::{client, send};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const APP_HOST: &str = "app.example.com";
@@ -35,6 +35,38 @@ async fn get(host: &KamalHost, name: &str, path: &str) -> common::Reply {
     send(&client(), reqwest::Method::GET, &host.url(path), Some(name))
         .await
         .unwrap_or_else(|e| panic!("GET {path} (host {name}) failed: {e}\n{}", host.logs()))
+}
+
+#[test]
+fn kamal_s_quoting_reaches_the_proxy_as_the_intended_argv() {
+    // `Kamal::Utils.escape_shell_value`, as the lines above use it.
+    assert_eq!(
+        kamal::flag("message", "Back soon"),
+        r#"--message="Back soon""#
+    );
+    assert_eq!(kamal::escape(r#"a"b\c`d$e${F}"#), r#""a\"b\\c\`d\$e${F}""#);
+    let line = format!(
+        "printf '%s\\0' deploy app-web {} {} {}",
+        kamal::flag("target", "a1b2c3d4e5f6:80"),
+        kamal::flag("message", r#"it's "down" for $5 `now`"#),
+        kamal::flag("buffer-requests", "false"),
+    );
+    let out = kamal::sh(std::path::Path::new("/"), &line);
+    let argv: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split('\0')
+        .filter(|a| !a.is_empty())
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        argv,
+        [
+            "deploy",
+            "app-web",
+            "--target=a1b2c3d4e5f6:80",
+            r#"--message=it's "down" for $5 `now`"#,
+            "--buffer-requests=false",
+        ]
+    );
 }
 
 #[test]
@@ -176,10 +208,12 @@ async fn a_redeploy_under_load_drops_no_request_when_the_old_container_stops_at_
     assert_eq!(get(&host, APP_HOST, "/").await.body.trim(), "v1");
 
     let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
     let url = host.url("/");
     let workers: Vec<_> = (0..4)
         .map(|_| {
-            let (stop, url, http) = (stop.clone(), url.clone(), client());
+            let (stop, answered, url, http) =
+                (stop.clone(), answered.clone(), url.clone(), client());
             tokio::spawn(async move {
                 let mut seen: Vec<(Instant, Result<String, String>)> = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
@@ -190,6 +224,7 @@ async fn a_redeploy_under_load_drops_no_request_when_the_old_container_stops_at_
                         Err(e) => Err(e.to_string()),
                     };
                     seen.push((Instant::now(), outcome));
+                    answered.fetch_add(1, Ordering::Relaxed);
                 }
                 seen
             })
@@ -221,8 +256,13 @@ async fn a_redeploy_under_load_drops_no_request_when_the_old_container_stops_at_
     .expect("deploy and stop");
     let stopped_at = Instant::now();
     assert_eq!(host.inspect(&v1.name, "{{.State.Running}}"), "false");
-    // Keep the load on until every worker has had answers after the stop.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Keep the load on for a good number of requests after the stop.
+    let at_stop = answered.load(Ordering::Relaxed);
+    let deadline = Instant::now() + PATIENCE;
+    while answered.load(Ordering::Relaxed) < at_stop + 100 {
+        assert!(Instant::now() < deadline, "the load stalled after the stop");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     stop.store(true, Ordering::Relaxed);
 
     let mut total = 0;
