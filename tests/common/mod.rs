@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod docker;
 pub mod go_state;
+pub mod kamal;
 pub mod pebble;
 pub mod raw;
 
