@@ -1,6 +1,5 @@
-//! The access log and per-request metrics. A [`Completion`] is created when a request
-//! arrives and finished when its response body ends (or the client goes away), so the
-//! logged duration, byte count and in-flight metrics cover the whole exchange.
+//! The access log: what is recorded about a request and the line written when its
+//! exchange ends (see `proxy::exchange`, which decides when).
 
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method};
@@ -10,9 +9,6 @@ use std::sync::{Arc, LazyLock};
 use tokio::time::Instant;
 
 use super::log::json_escape_into;
-use super::metrics;
-use crate::balancer::TargetGuard;
-use crate::service::sleep::InFlight;
 
 /// Logged when the client disconnected before a response was ready (nginx's convention,
 /// as upstream uses).
@@ -85,87 +81,10 @@ pub fn header_values(headers: &HeaderMap, name: &str) -> String {
     out
 }
 
-/// Everything a request holds until its response is over.
-pub struct Completion {
-    record: Box<AccessRecord>,
-    pub target: Option<TargetGuard>,
-    pub idle: Option<InFlight>,
-    counted_in_flight: bool,
-    finished: bool,
-}
-
-impl Completion {
-    pub fn new(record: AccessRecord) -> Self {
-        Completion {
-            record: Box::new(record),
-            target: None,
-            idle: None,
-            counted_in_flight: false,
-            finished: false,
-        }
-    }
-
-    pub fn record(&mut self) -> &mut AccessRecord {
-        &mut self.record
-    }
-
-    /// The request reached a service: from here it counts in that service's metrics.
-    pub fn set_service(&mut self, name: Arc<str>, exclude_metrics: bool) {
-        self.record.exclude_metrics = exclude_metrics;
-        if !exclude_metrics && metrics::enabled() {
-            metrics::in_flight_add(&name, 1);
-            self.counted_in_flight = true;
-        }
-        self.record.service = Some(name);
-    }
-
-    pub fn set_response(&mut self, status: u16, headers: &HeaderMap) {
-        self.record.status = status;
-        self.record.resp_content_type = headers.get(http::header::CONTENT_TYPE).cloned();
-        if !self.record.resp_header_names.is_empty() {
-            let names = self.record.resp_header_names.clone();
-            self.record.resp_headers = names
-                .iter()
-                .map(|n| (log_key("resp_", n), header_values(headers, n)))
-                .collect();
-        }
-    }
-
-    pub fn cancelled(&self) -> bool {
-        self.target.as_ref().is_some_and(TargetGuard::is_cancelled)
-    }
-
-    pub fn finish(mut self, bytes_sent: u64, _ended: bool) {
-        self.write(bytes_sent);
-    }
-
-    fn write(&mut self, bytes_sent: u64) {
-        if self.finished {
-            return;
-        }
-        self.finished = true;
-        let r = &self.record;
-        let elapsed = r.started.elapsed();
-        let service = r.service.as_deref().unwrap_or("");
-        if self.counted_in_flight {
-            metrics::in_flight_add(service, -1);
-        }
-        if !r.exclude_metrics {
-            metrics::record(service, r.method, r.status, elapsed.as_secs_f64());
-        }
-        let line = format_fields(r, elapsed.as_nanos() as i64, bytes_sent);
-        tracing::info!(json_fields = line.as_str(), "Request");
-    }
-}
-
-impl Drop for Completion {
-    fn drop(&mut self) {
-        if !self.finished {
-            // Dropped before any response was handed to the client: it hung up.
-            self.record.status = STATUS_CLIENT_CLOSED_REQUEST;
-            self.write(0);
-        }
-    }
+/// Writes the access line of a finished request.
+pub fn log_request(r: &AccessRecord, elapsed: std::time::Duration, bytes_sent: u64) {
+    let line = format_fields(r, elapsed.as_nanos() as i64, bytes_sent);
+    tracing::info!(json_fields = line.as_str(), "Request");
 }
 
 fn format_fields(r: &AccessRecord, duration_ns: i64, bytes_sent: u64) -> String {
@@ -261,17 +180,6 @@ pub fn decoded_path(raw: &str) -> std::borrow::Cow<'_, str> {
         i += 1;
     }
     std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
-}
-
-/// Hands the completion to the response: the access log and in-flight counts then end
-/// with its body. Every response the proxy returns goes through here.
-pub fn finish(
-    mut response: http::Response<crate::proxy::body::ResponseBody>,
-    mut completion: Completion,
-) -> http::Response<crate::proxy::body::ResponseBody> {
-    completion.set_response(response.status().as_u16(), response.headers());
-    response.body_mut().attach(completion);
-    response
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! Prometheus metrics with upstream's names and labels, in the Go client's text format.
 //! Recording is skipped entirely unless `--metrics-port` is set.
 
+use arc_swap::ArcSwap;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -86,24 +88,93 @@ pub fn method_label(method: &http::Method) -> &'static str {
     }
 }
 
-pub fn record(service: &str, method: &'static str, status: u16, seconds: f64) {
+/// One service's metric handles, resolved once per service rather than by label lookup
+/// (a hash and a read lock in the registry) on every request.
+pub struct ServiceMetrics {
+    service: Arc<str>,
+    in_flight: IntGauge,
+    /// The (method, status) series seen so far: a handful per service, scanned without a
+    /// lock; a new pair is added copy-on-write, once.
+    outcomes: ArcSwap<Vec<Outcome>>,
+}
+
+struct Outcome {
+    method: &'static str,
+    status: u16,
+    requests: IntCounter,
+    duration: Histogram,
+}
+
+impl ServiceMetrics {
+    /// The handles for `service`; `None` unless `--metrics-port` is set.
+    pub fn for_service(service: &Arc<str>) -> Option<Arc<ServiceMetrics>> {
+        let m = METRICS.get().filter(|_| enabled())?;
+        Some(Arc::new(ServiceMetrics {
+            service: service.clone(),
+            in_flight: m.in_flight.with_label_values(&[&**service]),
+            outcomes: ArcSwap::from_pointee(Vec::new()),
+        }))
+    }
+
+    pub fn request_started(&self) {
+        self.in_flight.inc();
+    }
+
+    pub fn request_ended(&self) {
+        self.in_flight.dec();
+    }
+
+    /// Counts a finished request and its duration.
+    pub fn record(&self, method: &'static str, status: u16, seconds: f64) {
+        let find = |outcomes: &[Outcome]| {
+            outcomes
+                .iter()
+                .position(|o| o.status == status && o.method == method)
+        };
+        let outcomes = self.outcomes.load();
+        if let Some(i) = find(&outcomes) {
+            outcomes[i].requests.inc();
+            outcomes[i].duration.observe(seconds);
+            return;
+        }
+        drop(outcomes);
+        let Some(m) = METRICS.get() else { return };
+        let mut buf = itoa_buf(status);
+        let labels = [&*self.service, method, status_str(&mut buf)];
+        let requests = m.requests.with_label_values(&labels);
+        let duration = m.duration.with_label_values(&labels);
+        requests.inc();
+        duration.observe(seconds);
+        self.outcomes.rcu(|current| {
+            let mut next: Vec<Outcome> = Vec::with_capacity(current.len() + 1);
+            next.extend(current.iter().map(|o| Outcome {
+                method: o.method,
+                status: o.status,
+                requests: o.requests.clone(),
+                duration: o.duration.clone(),
+            }));
+            if find(&next).is_none() {
+                next.push(Outcome {
+                    method,
+                    status,
+                    requests: requests.clone(),
+                    duration: duration.clone(),
+                });
+            }
+            next
+        });
+    }
+}
+
+/// A request that reached no service (a 404): counted under the empty service name.
+pub fn record_unrouted(method: &'static str, status: u16, seconds: f64) {
     let Some(m) = METRICS.get().filter(|_| enabled()) else {
         return;
     };
     let mut buf = itoa_buf(status);
-    let status = status_str(&mut buf);
-    m.requests
-        .with_label_values(&[service, method, status])
-        .inc();
-    m.duration
-        .with_label_values(&[service, method, status])
-        .observe(seconds);
-}
-
-pub fn in_flight_add(service: &str, delta: i64) {
-    if let Some(m) = METRICS.get().filter(|_| enabled()) {
-        m.in_flight.with_label_values(&[service]).add(delta);
-    }
+    let labels = ["", method, status_str(&mut buf)];
+    m.requests.with_label_values(&labels).inc();
+    m.duration.with_label_values(&labels).observe(seconds);
 }
 
 fn itoa_buf(status: u16) -> [u8; 3] {

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use tokio::sync::oneshot;
 
 use super::buffer::BufferedBody;
-use crate::observe::access::Completion;
+use super::exchange::Exchange;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -100,13 +100,13 @@ enum Inner {
     Full(Option<Bytes>),
 }
 
-/// What we send to the client. It carries the request's [`Completion`], which writes the
+/// What we send to the client. It carries the request's [`Exchange`], which writes the
 /// access log and releases the in-flight counts when the body ends or is dropped — so a
 /// streamed response counts as traffic until its last byte.
 pub struct ResponseBody {
     inner: Inner,
     sent: u64,
-    completion: Option<Completion>,
+    exchange: Option<Exchange>,
     /// `--request-timeout` still running while the body streams: the body is cut off
     /// when it fires.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -134,7 +134,7 @@ impl ResponseBody {
         ResponseBody {
             inner,
             sent: 0,
-            completion: None,
+            exchange: None,
             deadline: None,
         }
     }
@@ -145,24 +145,35 @@ impl ResponseBody {
         self
     }
 
-    pub fn attach(&mut self, completion: Completion) {
-        self.completion = Some(completion);
+    pub fn attach(&mut self, exchange: Exchange) {
+        self.exchange = Some(exchange);
     }
 
-    pub fn take_completion(&mut self) -> Option<Completion> {
-        self.completion.take()
+    pub fn take_completion(&mut self) -> Option<Exchange> {
+        self.exchange.take()
     }
 
-    fn finish(&mut self, ended: bool) {
-        if let Some(c) = self.completion.take() {
-            c.finish(self.sent, ended);
+    fn finish(&mut self) {
+        if let Some(c) = self.exchange.take() {
+            c.finish(self.sent);
         }
     }
 }
 
+/// Hands the exchange to the response: the access log and in-flight counts then end
+/// with its body. Every response the proxy returns goes through here.
+pub fn finish(
+    mut response: http::Response<ResponseBody>,
+    mut exchange: Exchange,
+) -> http::Response<ResponseBody> {
+    exchange.set_response(response.status().as_u16(), response.headers());
+    response.body_mut().attach(exchange);
+    response
+}
+
 impl Drop for ResponseBody {
     fn drop(&mut self) {
-        self.finish(false);
+        self.finish();
     }
 }
 
@@ -175,15 +186,15 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        if this.completion.as_ref().is_some_and(Completion::cancelled) {
+        if this.exchange.as_ref().is_some_and(Exchange::cancelled) {
             // A drain gave up on this request: cut the stream.
-            this.finish(false);
+            this.finish();
             return Poll::Ready(Some(Err("request cancelled due to draining".into())));
         }
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
                 this.deadline = None;
-                this.finish(false);
+                this.finish();
                 return Poll::Ready(Some(Err("request deadline exceeded".into())));
             }
         }
@@ -198,8 +209,8 @@ impl Body for ResponseBody {
                     this.sent += d.len() as u64;
                 }
             }
-            Poll::Ready(None) => this.finish(true),
-            Poll::Ready(Some(Err(_))) => this.finish(false),
+            Poll::Ready(None) => this.finish(),
+            Poll::Ready(Some(Err(_))) => this.finish(),
             Poll::Pending => {}
         }
         polled

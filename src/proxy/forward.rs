@@ -10,12 +10,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::body::finish;
 use super::body::{RequestBody, ResponseBody};
 use super::buffer::{BufferError, SpillBuffer};
+use super::exchange::Exchange;
 use super::headers::{self, ForwardedFor};
 use super::pages::{ErrorPages, error_response};
 use crate::balancer::Target;
-use crate::observe::access::{Completion, finish};
 use crate::service::options::TargetOptions;
 
 pub type UpstreamClient = Client<HttpConnector, RequestBody>;
@@ -56,13 +57,13 @@ impl Forwarder {
         Forwarder { client }
     }
 
-    /// Forwards `req`; the returned response carries `completion` in its body (or, for an
+    /// Forwards `req`; the returned response carries `exchange` in its body (or, for an
     /// upgrade, in the task that copies the upgraded connection).
     pub async fn forward(
         &self,
         mut req: Request<Incoming>,
         up: UpstreamRequest<'_>,
-        completion: Completion,
+        exchange: Exchange,
     ) -> Response<ResponseBody> {
         let opts = up.options;
         let upgrade = headers::upgrade_type(req.headers());
@@ -79,7 +80,7 @@ impl Forwarder {
             };
             match buffered {
                 Ok(b) => b,
-                Err(status) => return finish(error_response(status, up.pages, None), completion),
+                Err(status) => return finish(error_response(status, up.pages, None), exchange),
             }
         } else {
             RequestBody::stream(incoming)
@@ -143,7 +144,7 @@ impl Forwarder {
         let sent = self.client.request(outbound);
         let result = {
             let cancelled = async {
-                match completion.target.as_ref() {
+                match exchange.target.as_ref() {
                     Some(g) => g.cancelled().await,
                     None => std::future::pending().await,
                 }
@@ -174,17 +175,17 @@ impl Forwarder {
             None => {
                 tracing::info!(path = %uri.path(), "Request cancelled due to draining");
                 // Release the target now: the 504 page itself must not be cut by the drain.
-                let mut completion = completion;
-                completion.target = None;
+                let mut exchange = exchange;
+                exchange.target = None;
                 return finish(
                     error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
-                    completion,
+                    exchange,
                 );
             }
             Some(Err(_)) => {
                 return finish(
                     error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
-                    completion,
+                    exchange,
                 );
             }
             Some(Ok(Err(e))) if client_body_failed(&e) => {
@@ -192,14 +193,14 @@ impl Forwarder {
                 tracing::info!(path = %uri.path(), error = %describe(&e), "Malformed request");
                 return finish(
                     error_response(StatusCode::BAD_REQUEST, up.pages, None),
-                    completion,
+                    exchange,
                 );
             }
             Some(Ok(Err(e))) => {
                 tracing::error!("target" = up.target.address(), path = %uri.path(), error = %describe(&e), "Error while proxying");
                 return finish(
                     error_response(StatusCode::BAD_GATEWAY, up.pages, None),
-                    completion,
+                    exchange,
                 );
             }
             Some(Ok(Ok(r))) => r,
@@ -216,12 +217,12 @@ impl Forwarder {
                 .zip(switched_to)
                 .is_some_and(|(asked, got)| asked.as_bytes().eq_ignore_ascii_case(got.as_bytes()));
             return match client_upgrade.filter(|_| agreed) {
-                Some(client_upgrade) => splice_upgrade(response, client_upgrade, completion),
+                Some(client_upgrade) => splice_upgrade(response, client_upgrade, exchange),
                 None => {
                     tracing::error!("target" = up.target.address(), path = %uri.path(), error = "backend switched to a protocol that was not requested", "Error while proxying");
                     finish(
                         error_response(StatusCode::BAD_GATEWAY, up.pages, None),
-                        completion,
+                        exchange,
                     )
                 }
             };
@@ -238,7 +239,7 @@ impl Forwarder {
                             tracing::info!(path = %uri.path(), "Request deadline exceeded");
                             return finish(
                                 error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
-                                completion,
+                                exchange,
                             );
                         }
                     }
@@ -261,28 +262,28 @@ impl Forwarder {
                     }
                     finish(
                         Response::from_parts(parts, ResponseBody::buffered(body)),
-                        completion,
+                        exchange,
                     )
                 }
                 Err(ResponseBufferError::Buffer(BufferError::TooLarge)) => {
                     tracing::info!(path = %uri.path(), "Response exceeded max response limit");
                     finish(
                         error_response(StatusCode::INTERNAL_SERVER_ERROR, up.pages, None),
-                        completion,
+                        exchange,
                     )
                 }
                 Err(ResponseBufferError::Buffer(BufferError::Io(e))) => {
                     tracing::error!(path = %uri.path(), error = %e, "Error buffering response");
                     finish(
                         error_response(StatusCode::INTERNAL_SERVER_ERROR, up.pages, None),
-                        completion,
+                        exchange,
                     )
                 }
                 Err(ResponseBufferError::Upstream(e)) => {
                     tracing::error!("target" = up.target.address(), path = %uri.path(), error = %e, "Error while proxying");
                     finish(
                         error_response(StatusCode::BAD_GATEWAY, up.pages, None),
-                        completion,
+                        exchange,
                     )
                 }
             };
@@ -294,7 +295,7 @@ impl Forwarder {
                 Some(d) => ResponseBody::stream(b).with_deadline(d),
                 None => ResponseBody::stream(b),
             }),
-            completion,
+            exchange,
         )
     }
 }
@@ -381,22 +382,22 @@ async fn buffer_response(
 }
 
 /// Relays a 101: the client gets the upstream's headers, then bytes flow both ways until
-/// either side closes or a drain starts. The completion (and so the in-flight counts that
+/// either side closes or a drain starts. The exchange (and so the in-flight counts that
 /// keep a service awake) lives as long as the connection.
 fn splice_upgrade(
     mut upstream: Response<Incoming>,
     client: hyper::upgrade::OnUpgrade,
-    mut completion: Completion,
+    mut exchange: Exchange,
 ) -> Response<ResponseBody> {
     let upstream_upgrade = hyper::upgrade::on(&mut upstream);
     let (parts, _) = upstream.into_parts();
-    completion.set_response(101, &parts.headers);
+    exchange.set_response(101, &parts.headers);
     tokio::spawn(async move {
         let (client, upstream) = match tokio::try_join!(client, upstream_upgrade) {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::debug!(error = %e, "Upgrade failed");
-                completion.finish(0, false);
+                exchange.finish(0);
                 return;
             }
         };
@@ -404,7 +405,7 @@ fn splice_upgrade(
         let mut upstream = TokioIo::new(upstream);
         let copied = async { tokio::io::copy_bidirectional(&mut client, &mut upstream).await };
         let cut = async {
-            match completion.target.as_ref() {
+            match exchange.target.as_ref() {
                 Some(g) => g.upgrade_cancelled().await,
                 None => std::future::pending().await,
             }
@@ -413,7 +414,7 @@ fn splice_upgrade(
             r = copied => r.map(|(_, to_client)| to_client).unwrap_or(0),
             _ = cut => 0,
         };
-        completion.finish(sent, true);
+        exchange.finish(sent);
     });
     Response::from_parts(parts, ResponseBody::empty())
 }

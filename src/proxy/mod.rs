@@ -3,6 +3,7 @@
 
 pub mod body;
 pub mod buffer;
+pub mod exchange;
 pub mod forward;
 pub mod headers;
 pub mod pages;

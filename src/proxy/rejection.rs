@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::body::ResponseBody;
+use super::body::finish;
+use super::exchange::Exchange;
 use super::pages::{ErrorPages, error_response, html_escape};
-use crate::observe::access::{Completion, finish};
 
 /// Why the proxy answered a request itself.
 #[derive(Debug)]
@@ -180,10 +181,10 @@ impl Rejection {
         self,
         at: &Refused<'_>,
         pages: Option<&Arc<ErrorPages>>,
-        completion: Completion,
+        exchange: Exchange,
     ) -> Response<ResponseBody> {
         self.log(at.service, at.path);
-        finish(self.render(pages, at.method), completion)
+        finish(self.render(pages, at.method), exchange)
     }
 }
 

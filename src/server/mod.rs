@@ -18,9 +18,10 @@ pub mod certificates;
 pub mod h3;
 pub mod https;
 
-use crate::observe::access::{AccessRecord, Completion, header_values, no_logged_headers};
+use crate::observe::access::{AccessRecord, header_values, no_logged_headers};
 use crate::proxy::Forwarder;
 use crate::proxy::body::ResponseBody;
+use crate::proxy::exchange::Exchange;
 use crate::proxy::headers::{X_FORWARDED_FOR, X_REQUEST_ID, X_REQUEST_START};
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::router::Router;
@@ -209,7 +210,7 @@ pub async fn handle(
     let request_id = ensure_request_id(&mut req);
     ensure_request_start(&mut req);
     let record = access_record(proxy, &req, conn, request_id);
-    let completion = Completion::new(record);
+    let exchange = Exchange::new(record);
 
     let host = host_without_port(request_host(&req).unwrap_or(""));
     let Some((service, prefix)) = proxy.router.lookup(host, req.uri().path()) else {
@@ -218,10 +219,10 @@ pub async fn handle(
             path: req.uri().path(),
             method: req.method(),
         };
-        return Rejection::NotFound.respond(&at, None, completion);
+        return Rejection::NotFound.respond(&at, None, exchange);
     };
     service
-        .serve(req, conn, &prefix, completion, &proxy.forwarder)
+        .serve(req, conn, &prefix, exchange, &proxy.forwarder)
         .await
 }
 

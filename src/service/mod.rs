@@ -13,9 +13,10 @@ pub mod pause;
 pub mod sleep;
 
 use crate::balancer::LoadBalancer;
-pub use crate::observe::access::finish;
-use crate::observe::access::{Completion, header_values, log_key};
+use crate::observe::access::{header_values, log_key};
+use crate::observe::metrics::ServiceMetrics;
 use crate::proxy::body::ResponseBody;
+use crate::proxy::exchange::Exchange;
 use crate::proxy::pages::ErrorPages;
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::proxy::{Forwarder, UpstreamRequest, headers};
@@ -115,6 +116,8 @@ pub struct Service {
     active: ArcSwap<LoadBalancer>,
     pub pause: PauseController,
     sleep: ArcSwapOption<IdleController>,
+    /// Resolved on the first request (metrics are switched on before any listener opens).
+    metrics: std::sync::OnceLock<Option<Arc<ServiceMetrics>>>,
 }
 
 impl Service {
@@ -130,6 +133,7 @@ impl Service {
             active: ArcSwap::new(lb),
             pause,
             sleep: ArcSwapOption::empty(),
+            metrics: std::sync::OnceLock::new(),
         }
     }
 
@@ -173,13 +177,13 @@ impl Service {
     }
 
     /// Runs the service's part of the pipeline. `prefix` is the path prefix the router
-    /// matched. The returned response always carries `completion`.
+    /// matched. The returned response always carries `exchange`.
     pub async fn serve(
         &self,
         mut req: Request<Incoming>,
         conn: Conn,
         prefix: &str,
-        mut completion: Completion,
+        mut exchange: Exchange,
         forwarder: &Forwarder,
     ) -> Response<ResponseBody> {
         let config = self.config.load_full();
@@ -192,9 +196,12 @@ impl Service {
             .exclude_metrics_paths
             .iter()
             .any(|p| p == routed.as_ref());
-        completion.set_service(self.name.clone(), excluded);
+        let metrics = self
+            .metrics
+            .get_or_init(|| ServiceMetrics::for_service(&self.name));
+        exchange.set_service(self.name.clone(), metrics.as_ref(), excluded);
         if !config.log_request_headers.is_empty() || !config.log_response_headers.is_empty() {
-            let record = completion.record();
+            let record = exchange.record();
             record.req_headers = config
                 .log_request_headers
                 .iter()
@@ -209,7 +216,7 @@ impl Service {
                 .get(config.options.client_ip_header.as_str())
                 .filter(|v| !v.is_empty())
             {
-                completion.record().remote_addr = Some(v.clone());
+                exchange.record().remote_addr = Some(v.clone());
             }
         }
         let pages = config.pages.as_ref();
@@ -219,7 +226,7 @@ impl Service {
 
         // Steps 5–8, each of which may answer the request itself.
         let admitted = self
-            .admit(&mut req, conn, &config, is_health_check, &mut completion)
+            .admit(&mut req, conn, &config, is_health_check, &mut exchange)
             .await;
         let deadline = match admitted {
             Ok(deadline) => deadline,
@@ -229,7 +236,7 @@ impl Service {
                     path: uri.path(),
                     method: req.method(),
                 };
-                return rejection.respond(&at, pages, completion);
+                return rejection.respond(&at, pages, exchange);
             }
         };
 
@@ -250,10 +257,10 @@ impl Service {
                 path: uri.path(),
                 method: req.method(),
             };
-            return Rejection::NoHealthyTarget.respond(&at, pages, completion);
+            return Rejection::NoHealthyTarget.respond(&at, pages, exchange);
         };
-        completion.record().target = Some(target.shared_address());
-        completion.target = Some(target.begin());
+        exchange.record().target = Some(target.shared_address());
+        exchange.target = Some(target.begin());
 
         if !config.options.client_ip_header.is_empty() {
             client_ip_header_to_forwarded_for(&mut req, &config.options.client_ip_header);
@@ -271,7 +278,7 @@ impl Service {
                     tls: conn.tls,
                     deadline,
                 },
-                completion,
+                exchange,
             )
             .await
     }
@@ -280,14 +287,14 @@ impl Service {
 impl Service {
     /// Steps 5–8 of the pipeline: the request deadline, the gates, the pause gate and the
     /// sleep gate. `Ok` carries the deadline, for the steps below; an admitted request to
-    /// a sleeping service is counted in flight (in `completion`) and its wake awaited.
+    /// a sleeping service is counted in flight (in `exchange`) and its wake awaited.
     async fn admit(
         &self,
         req: &mut Request<Incoming>,
         conn: Conn,
         config: &ServiceConfig,
         is_health_check: bool,
-        completion: &mut Completion,
+        exchange: &mut Exchange,
     ) -> Result<Option<tokio::time::Instant>, Rejection> {
         let gates = &config.gates;
         // Step 5: one deadline over everything below, holds included.
@@ -325,7 +332,7 @@ impl Service {
             // A deadline that fires while the request is held answers 504; the wake
             // itself runs on, detached, for the next request.
             match within(deadline, controller.admit()).await {
-                Some(Ok(in_flight)) => completion.idle = Some(in_flight),
+                Some(Ok(in_flight)) => exchange.idle = Some(in_flight),
                 Some(Err(e)) => {
                     return Err(Rejection::WakeFailed {
                         detail: e.to_string(),
