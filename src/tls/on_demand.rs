@@ -8,7 +8,6 @@
 use bytes::Bytes;
 use http::{Request, Uri, header};
 use http_body_util::{BodyExt, Empty};
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::client::ProbeHttp;
@@ -98,8 +97,6 @@ impl OnDemand {
         Ok((status, body))
     }
 }
-
-pub type Shared = Arc<OnDemand>;
 
 /// The URL with `host=<name>` set in its query (other parameters kept), re-encoded with
 /// keys sorted as Go's `url.Values.Encode` does.

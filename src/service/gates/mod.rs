@@ -267,11 +267,21 @@ pub fn validate_health_check(o: &ServiceOptions, t: &TargetOptions) -> Result<()
     Ok(())
 }
 
-/// A lock-free log limiter: ten lines per ten-second window.
-#[derive(Default)]
+/// A lock-free log limiter: ten lines per ten-second window, on tokio's clock.
 struct LogThrottle {
+    /// Windows are counted from here.
+    base: tokio::time::Instant,
     /// The window number in the high 32 bits, lines logged in it in the low 32.
     state: AtomicU64,
+}
+
+impl Default for LogThrottle {
+    fn default() -> Self {
+        LogThrottle {
+            base: tokio::time::Instant::now(),
+            state: AtomicU64::new(0),
+        }
+    }
 }
 
 impl LogThrottle {
@@ -279,10 +289,8 @@ impl LogThrottle {
     const WINDOW_SECS: u64 = 10;
 
     fn take(&self) -> bool {
-        let window = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() / Self::WINDOW_SECS)
-            & 0xffff_ffff;
+        // Window numbers start at 1, so the initial state (window 0) is never current.
+        let window = (self.base.elapsed().as_secs() / Self::WINDOW_SECS + 1) & 0xffff_ffff;
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             let (w, n) = (cur >> 32, cur & 0xffff_ffff);
@@ -308,6 +316,15 @@ impl LogThrottle {
 mod tests {
     use super::*;
     use crate::gotime::NS_PER_SEC;
+
+    #[tokio::test(start_paused = true)]
+    async fn log_throttle_allows_ten_lines_per_window() {
+        let throttle = LogThrottle::default();
+        assert!((0..10).all(|_| throttle.take()));
+        assert!(!throttle.take());
+        tokio::time::advance(Duration::from_secs(LogThrottle::WINDOW_SECS)).await;
+        assert!(throttle.take());
+    }
 
     fn v(o: ServiceOptions) -> String {
         o.validate_with(validate).unwrap_err()
