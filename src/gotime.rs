@@ -11,10 +11,69 @@
 //! Durations are carried as signed nanoseconds (`i64`), like Go's
 //! `time.Duration`, so the full Go range (about ±292 years) round-trips.
 
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Nanoseconds in a second: Go's `time.Second`, the unit of every duration we store.
 pub const NS_PER_SEC: i64 = 1_000_000_000;
+
+/// A Go `time.Duration`: signed nanoseconds, stored and sent as the bare integer (the
+/// state file's and Go's JSON encoding), parsed and printed in Go's syntax.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct GoDuration(i64);
+
+impl GoDuration {
+    pub const ZERO: GoDuration = GoDuration(0);
+
+    pub const fn from_nanos(nanos: i64) -> GoDuration {
+        GoDuration(nanos)
+    }
+
+    pub const fn from_secs(secs: i64) -> GoDuration {
+        GoDuration(secs * NS_PER_SEC)
+    }
+
+    pub const fn from_millis(ms: i64) -> GoDuration {
+        GoDuration(ms * 1_000_000)
+    }
+
+    pub const fn nanos(self) -> i64 {
+        self.0
+    }
+
+    pub const fn is_positive(self) -> bool {
+        self.0 > 0
+    }
+
+    pub const fn is_negative(self) -> bool {
+        self.0 < 0
+    }
+
+    /// As a `std` duration; a negative one is zero (Go treats a negative timeout as an
+    /// already expired one).
+    pub fn to_std(self) -> std::time::Duration {
+        to_std(self.0)
+    }
+}
+
+impl fmt::Display for GoDuration {
+    /// Go's `Duration.String()`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_duration(self.0))
+    }
+}
+
+impl std::str::FromStr for GoDuration {
+    type Err = DurationError;
+
+    /// Go's `time.ParseDuration`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_duration(s).map(GoDuration)
+    }
+}
 
 /// Nanoseconds per unit, as Go's `time` package defines them.
 const NANOSECOND: u64 = 1;
@@ -267,8 +326,8 @@ pub fn parse_duration(s: &str) -> Result<i64, DurationError> {
 /// [`parse_duration`] with the error as a `String`, so it can be used
 /// directly as a clap `value_parser` (clap wants `Fn(&str) -> Result<T, E>`
 /// where `E` converts into a boxed error; `String` does).
-pub fn parse_flag(s: &str) -> Result<i64, String> {
-    parse_duration(s).map_err(|e| e.to_string())
+pub fn parse_flag(s: &str) -> Result<GoDuration, String> {
+    s.parse().map_err(|e: DurationError| e.to_string())
 }
 
 /// Converts Go-style signed nanoseconds to a `std::time::Duration`.
@@ -576,7 +635,7 @@ mod tests {
 
     #[test]
     fn parse_flag_returns_message() {
-        assert_eq!(parse_flag("30s"), Ok(30 * S));
+        assert_eq!(parse_flag("30s"), Ok(GoDuration::from_secs(30)));
         assert_eq!(
             parse_flag("30"),
             Err(r#"time: missing unit in duration "30""#.to_string())

@@ -8,12 +8,12 @@ use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 
 use super::target::Target;
-use crate::gotime::NS_PER_SEC;
+use crate::gotime::GoDuration;
 use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_HEALTH_CHECK_PATH: &str = "/up";
-pub const DEFAULT_HEALTH_CHECK_INTERVAL: i64 = NS_PER_SEC;
-pub const DEFAULT_HEALTH_CHECK_TIMEOUT: i64 = 5 * NS_PER_SEC;
+pub const DEFAULT_HEALTH_CHECK_INTERVAL: GoDuration = GoDuration::from_secs(1);
+pub const DEFAULT_HEALTH_CHECK_TIMEOUT: GoDuration = GoDuration::from_secs(5);
 
 /// `--health-check-*`: how a target's health is probed.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -21,8 +21,8 @@ pub const DEFAULT_HEALTH_CHECK_TIMEOUT: i64 = 5 * NS_PER_SEC;
 pub struct HealthCheckConfig {
     pub path: String,
     pub port: u16,
-    pub interval: i64,
-    pub timeout: i64,
+    pub interval: GoDuration,
+    pub timeout: GoDuration,
     pub host: String,
 }
 
@@ -78,7 +78,7 @@ pub async fn probe(
     uri: &str,
     config: &HealthCheckConfig,
 ) -> Result<(), String> {
-    let timeout = crate::gotime::to_std(config.timeout);
+    let timeout = config.timeout.to_std();
     match tokio::time::timeout(timeout, probe_following_redirects(client, uri, config)).await {
         Err(_) => Err("request timed out".into()),
         Ok(result) => result,

@@ -277,7 +277,7 @@ async fn probe_loop(lb: Weak<LoadBalancer>, target: Arc<Target>, mode: ProbeMode
         return;
     };
     let uri = health::probe_uri(&target, &config);
-    let interval = crate::gotime::to_std(config.interval).max(Duration::from_millis(1));
+    let interval = config.interval.to_std().max(Duration::from_millis(1));
     let started = tokio::time::Instant::now();
     let mut backoff = FIRST_RETRY;
     let mut ever_healthy = false;

@@ -6,6 +6,7 @@ use clap::{ArgAction, Args};
 use super::values::{duration, float64, go_bool, int64, non_empty, port};
 use crate::balancer::target::validate_target;
 use crate::control::{DeployArgs, Request};
+use crate::gotime::GoDuration;
 use crate::service::options::*;
 
 const STAGING_DIRECTORY: &str = "https://acme-staging-v02.api.letsencrypt.org/directory";
@@ -66,20 +67,20 @@ pub struct DeployCmd {
 
     /// Maximum time to wait for the new target to become healthy
     #[arg(long = "deploy-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
-    deploy_timeout: i64,
+    deploy_timeout: GoDuration,
     /// Maximum time to allow existing connections to drain before removing old target
     #[arg(long = "drain-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
-    drain_timeout: i64,
+    drain_timeout: GoDuration,
     /// Skip health checks and force deployment
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
     force: Option<bool>,
 
     /// Interval between health checks
     #[arg(long = "health-check-interval", value_parser = duration, default_value = "1s", value_name = "DURATION")]
-    health_check_interval: i64,
+    health_check_interval: GoDuration,
     /// Time each health check must complete in
     #[arg(long = "health-check-timeout", value_parser = duration, default_value = "5s", value_name = "DURATION")]
-    health_check_timeout: i64,
+    health_check_timeout: GoDuration,
     /// Path to check for health
     #[arg(long = "health-check-path", default_value = DEFAULT_HEALTH_CHECK_PATH)]
     health_check_path: String,
@@ -92,14 +93,14 @@ pub struct DeployCmd {
 
     /// Time after a write before read requests will be routed to readers
     #[arg(long = "writer-affinity-timeout", value_parser = duration, default_value = "1s", value_name = "DURATION")]
-    writer_affinity_timeout: i64,
+    writer_affinity_timeout: GoDuration,
     /// Route WebSocket traffic to read targets, when available
     #[arg(long = "read-target-websockets", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
     read_target_websockets: Option<bool>,
 
     /// Maximum time to wait for the target server to respond when serving requests
     #[arg(long = "target-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
-    target_timeout: i64,
+    target_timeout: GoDuration,
     /// Buffer requests before forwarding to target
     #[arg(long = "buffer-requests", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
     buffer_requests: Option<bool>,
@@ -142,11 +143,11 @@ pub struct DeployCmd {
     /// comes from the containers' label kamal-proxy.sleep-after when the proxy has a
     /// Docker socket [default: 0]
     #[arg(long = "sleep-after", value_parser = duration, value_name = "DURATION")]
-    sleep_after: Option<i64>,
+    sleep_after: Option<GoDuration>,
     /// How long a request is held while a sleeping service starts (label:
     /// kamal-proxy.wake-timeout) [default: 30s]
     #[arg(long = "wake-timeout", value_parser = duration, value_name = "DURATION")]
-    wake_timeout: Option<i64>,
+    wake_timeout: Option<GoDuration>,
     /// Container to stop and start instead of those named by the targets (repeatable;
     /// label: kamal-proxy.sleep-container, comma-separated)
     #[arg(long = "sleep-container", action = ArgAction::Append, value_name = "CONTAINER")]
@@ -178,7 +179,7 @@ pub struct DeployCmd {
     rewrite: Vec<String>,
     /// Deadline for the whole request, holds included; 504 when it passes (0 = none; WebSocket and SSE exempt)
     #[arg(long = "request-timeout", value_parser = duration, default_value = "0", value_name = "DURATION")]
-    request_timeout: i64,
+    request_timeout: GoDuration,
 }
 
 impl DeployCmd {
@@ -242,8 +243,8 @@ impl DeployCmd {
             read_targets_accept_websockets: self.read_target_websockets.unwrap_or(false),
             exclude_metrics_paths: non_empty(self.exclude_metrics_path.clone()),
             client_ip_header: self.client_ip_header.clone(),
-            sleep_after: self.sleep_after.unwrap_or(0),
-            wake_timeout: self.wake_timeout.unwrap_or(0),
+            sleep_after: self.sleep_after.unwrap_or_default(),
+            wake_timeout: self.wake_timeout.unwrap_or_default(),
             sleep_containers: non_empty(self.sleep_container.clone()),
             allow_ips: non_empty(self.allow_ip.clone()),
             trusted_proxies: non_empty(self.trusted_proxy.clone()),
@@ -361,7 +362,7 @@ mod tests {
                 args.service_options.sleep_after,
                 args.service_options.wake_timeout
             ),
-            (0, 0),
+            (GoDuration::ZERO, GoDuration::ZERO),
             "unset: left to the labels, then the defaults"
         );
     }

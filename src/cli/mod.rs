@@ -195,7 +195,7 @@ pub mod values {
         crate::config::parse_go_bool(s)
     }
 
-    pub fn duration(s: &str) -> Result<i64, String> {
+    pub fn duration(s: &str) -> Result<crate::gotime::GoDuration, String> {
         crate::gotime::parse_flag(s)
     }
 

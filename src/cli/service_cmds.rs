@@ -4,6 +4,7 @@ use clap::Args;
 
 use super::values::duration;
 use crate::control::Request;
+use crate::gotime::GoDuration;
 
 #[derive(Args, Debug)]
 pub struct ServiceArg {
@@ -19,10 +20,10 @@ pub struct PauseCmd {
     service: Vec<String>,
     /// How long to allow in-flight requests to complete
     #[arg(long = "drain-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
-    drain_timeout: i64,
+    drain_timeout: GoDuration,
     /// How long to enqueue requests before shedding load
     #[arg(long = "max-pause", value_parser = duration, default_value = "30s", value_name = "DURATION")]
-    max_pause: i64,
+    max_pause: GoDuration,
 }
 
 #[derive(Args, Debug)]
@@ -32,14 +33,14 @@ pub struct StopCmd {
     service: Vec<String>,
     /// How long to allow in-flight requests to complete
     #[arg(long = "drain-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
-    drain_timeout: i64,
+    drain_timeout: GoDuration,
     /// Message to display to clients while stopped
     #[arg(long, default_value = "")]
     message: String,
 }
 
-fn non_negative(flag: &str, v: i64) -> Result<(), String> {
-    if v < 0 {
+fn non_negative(flag: &str, v: GoDuration) -> Result<(), String> {
+    if v.is_negative() {
         Err(format!("{flag} cannot be negative"))
     } else {
         Ok(())

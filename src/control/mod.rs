@@ -2,6 +2,8 @@
 //! the Unix socket. It is ours (upstream speaks Go gob); only the CLI uses it.
 
 use serde::{Deserialize, Serialize};
+
+use crate::gotime::GoDuration;
 use std::collections::BTreeMap;
 
 pub use crate::router::DeployArgs;
@@ -19,12 +21,12 @@ pub enum Request {
     },
     Pause {
         service: String,
-        drain_timeout: i64,
-        pause_timeout: i64,
+        drain_timeout: GoDuration,
+        pause_timeout: GoDuration,
     },
     Stop {
         service: String,
-        drain_timeout: i64,
+        drain_timeout: GoDuration,
         message: String,
     },
     Resume {

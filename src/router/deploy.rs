@@ -12,7 +12,6 @@ use super::persist::{snapshot, snapshots};
 use super::state::ServiceState;
 use crate::balancer::target::{container_ref, validate_target};
 use crate::balancer::{LoadBalancer, ProbeMode};
-use crate::gotime;
 use crate::lifecycle::LifecycleError;
 use crate::service::options::{DeploymentOptions, ServiceOptions, TargetOptions};
 use crate::service::pause::PauseController;
@@ -82,12 +81,12 @@ impl Router {
         tracing::info!(service = %name, targets = %targets.join(","), hosts = %options.hosts.join(","), paths = %options.path_prefixes.join(","), tls = options.tls_enabled, "Deploying");
         lb.start_health_checks(ProbeMode::Deploy);
         if !deployment.force {
-            let timeout = gotime::to_std(deployment.deploy_timeout);
+            let timeout = deployment.deploy_timeout.to_std();
             if lb.wait_until_healthy(timeout).await.is_err() {
                 lb.stop_health_checks();
                 return Err(format!(
                     "target failed to become healthy within configured timeout ({})",
-                    gotime::format_duration(deployment.deploy_timeout)
+                    deployment.deploy_timeout
                 ));
             }
         }
@@ -135,7 +134,7 @@ impl Router {
         };
         if let Some(old) = replaced {
             old.stop_health_checks();
-            old.drain(gotime::to_std(deployment.drain_timeout)).await;
+            old.drain(deployment.drain_timeout.to_std()).await;
         }
         tracing::info!(service = %name, targets = %targets.join(","), hosts = %options.hosts.join(","), paths = %options.path_prefixes.join(","), tls = options.tls_enabled, "Deployed");
         Ok(())

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::Router;
 use super::persist::{snapshot, snapshots};
-use crate::gotime;
+use crate::gotime::GoDuration;
 use crate::service::Service;
 use crate::service::pause::PauseController;
 
@@ -13,14 +13,14 @@ impl Router {
     pub async fn pause(
         &self,
         name: &str,
-        drain_timeout: i64,
-        pause_timeout: i64,
+        drain_timeout: GoDuration,
+        pause_timeout: GoDuration,
     ) -> Result<(), String> {
         let service = self
-            .with_service(name, |p| p.pause(gotime::to_std(pause_timeout)))
+            .with_service(name, |p| p.pause(pause_timeout.to_std()))
             .await?;
         tracing::info!(service = %name, "Service paused");
-        service.active().drain(gotime::to_std(drain_timeout)).await;
+        service.active().drain(drain_timeout.to_std()).await;
         tracing::info!(service = %name, "Service drained");
         Ok(())
     }
@@ -28,12 +28,12 @@ impl Router {
     pub async fn stop(
         &self,
         name: &str,
-        drain_timeout: i64,
+        drain_timeout: GoDuration,
         message: String,
     ) -> Result<(), String> {
         let service = self.with_service(name, |p| p.stop(message.clone())).await?;
         tracing::info!(service = %name, "Service stopped");
-        service.active().drain(gotime::to_std(drain_timeout)).await;
+        service.active().drain(drain_timeout.to_std()).await;
         tracing::info!(service = %name, "Service drained");
         Ok(())
     }

@@ -6,7 +6,6 @@ use tokio::sync::Notify;
 
 use super::Router;
 use crate::balancer::target::container_ref;
-use crate::gotime;
 use crate::service::Service;
 use crate::service::options::ServiceOptions;
 use crate::service::sleep::{IdleController, IdleState, SleepConfig, SleepHooks};
@@ -37,8 +36,8 @@ impl Router {
             options.sleep_containers.clone()
         };
         let config = SleepConfig {
-            sleep_after: gotime::to_std(options.sleep_after),
-            wake_timeout: gotime::to_std(options.wake_timeout),
+            sleep_after: options.sleep_after.to_std(),
+            wake_timeout: options.wake_timeout.to_std(),
             containers,
         };
         match service.sleep_controller() {

@@ -265,7 +265,10 @@ mod tests {
         assert_eq!(s[0].active_targets, vec!["web:3000"]);
         assert_eq!(s[0].options.hosts, vec!["a.com"]);
         assert_eq!(s[0].options.path_prefixes, vec!["/"]);
-        assert_eq!(s[0].target_options.response_timeout, 3_000_000_000);
+        assert_eq!(
+            s[0].target_options.response_timeout,
+            crate::gotime::GoDuration::from_secs(3)
+        );
     }
 
     #[test]

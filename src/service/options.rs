@@ -6,15 +6,15 @@
 use serde::{Deserialize, Deserializer, Serialize};
 use std::time::Duration;
 
-use crate::gotime::{self, NS_PER_SEC};
+use crate::gotime::GoDuration;
 
-pub const DEFAULT_DEPLOY_TIMEOUT: i64 = 30 * NS_PER_SEC;
-pub const DEFAULT_DRAIN_TIMEOUT: i64 = 30 * NS_PER_SEC;
-pub const DEFAULT_PAUSE_TIMEOUT: i64 = 30 * NS_PER_SEC;
-pub const DEFAULT_WRITER_AFFINITY_TIMEOUT: i64 = NS_PER_SEC;
-pub const DEFAULT_TARGET_TIMEOUT: i64 = 30 * NS_PER_SEC;
+pub const DEFAULT_DEPLOY_TIMEOUT: GoDuration = GoDuration::from_secs(30);
+pub const DEFAULT_DRAIN_TIMEOUT: GoDuration = GoDuration::from_secs(30);
+pub const DEFAULT_PAUSE_TIMEOUT: GoDuration = GoDuration::from_secs(30);
+pub const DEFAULT_WRITER_AFFINITY_TIMEOUT: GoDuration = GoDuration::from_secs(1);
+pub const DEFAULT_TARGET_TIMEOUT: GoDuration = GoDuration::from_secs(30);
 pub const DEFAULT_MAX_MEMORY_BUFFER_SIZE: i64 = 1 << 20;
-pub const DEFAULT_WAKE_TIMEOUT: i64 = 30 * NS_PER_SEC;
+pub const DEFAULT_WAKE_TIMEOUT: GoDuration = GoDuration::from_secs(30);
 
 /// Go's `nil` slices are written as `null`; accept both.
 fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -31,8 +31,8 @@ fn empty_as_null<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S::E
     }
 }
 
-fn is_zero(v: &i64) -> bool {
-    *v == 0
+fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 fn is_zero_f64(v: &f64) -> bool {
@@ -61,16 +61,16 @@ pub struct ServiceOptions {
     pub acme_cache_path: String,
     pub error_page_path: String,
     pub strip_prefix: bool,
-    pub writer_affinity_timeout: i64,
+    pub writer_affinity_timeout: GoDuration,
     pub read_targets_accept_websockets: bool,
     #[serde(deserialize_with = "null_as_empty", serialize_with = "empty_as_null")]
     pub exclude_metrics_paths: Vec<String>,
     pub client_ip_header: String,
     /// Scale-to-zero (fork keys): omitted when unset so upstream files stay recognisable.
     #[serde(skip_serializing_if = "is_zero")]
-    pub sleep_after: i64,
+    pub sleep_after: GoDuration,
     #[serde(skip_serializing_if = "is_zero")]
-    pub wake_timeout: i64,
+    pub wake_timeout: GoDuration,
     #[serde(
         skip_serializing_if = "Vec::is_empty",
         deserialize_with = "null_as_empty"
@@ -112,7 +112,7 @@ pub struct ServiceOptions {
     pub rewrites: Vec<String>,
     /// Whole-request deadline, nanoseconds; 0 = none.
     #[serde(skip_serializing_if = "is_zero")]
-    pub request_timeout: i64,
+    pub request_timeout: GoDuration,
 }
 
 impl Default for ServiceOptions {
@@ -132,12 +132,12 @@ impl Default for ServiceOptions {
             acme_cache_path: String::new(),
             error_page_path: String::new(),
             strip_prefix: false,
-            writer_affinity_timeout: 0,
+            writer_affinity_timeout: GoDuration::ZERO,
             read_targets_accept_websockets: false,
             exclude_metrics_paths: Vec::new(),
             client_ip_header: String::new(),
-            sleep_after: 0,
-            wake_timeout: 0,
+            sleep_after: GoDuration::ZERO,
+            wake_timeout: GoDuration::ZERO,
             sleep_containers: Vec::new(),
             allow_ips: Vec::new(),
             trusted_proxies: Vec::new(),
@@ -147,7 +147,7 @@ impl Default for ServiceOptions {
             basic_auth: String::new(),
             redirects: Vec::new(),
             rewrites: Vec::new(),
-            request_timeout: 0,
+            request_timeout: GoDuration::ZERO,
         }
     }
 }
@@ -156,7 +156,7 @@ impl Default for ServiceOptions {
 #[serde(default)]
 pub struct TargetOptions {
     pub health_check_config: HealthCheckConfig,
-    pub response_timeout: i64,
+    pub response_timeout: GoDuration,
     pub buffer_requests: bool,
     pub buffer_responses: bool,
     pub max_memory_buffer_size: i64,
@@ -190,18 +190,18 @@ impl Default for TargetOptions {
 
 impl TargetOptions {
     pub fn response_timeout(&self) -> Duration {
-        gotime::to_std(self.response_timeout)
+        self.response_timeout.to_std()
     }
 
     pub fn validate(&self) -> Result<(), String> {
         let hc = &self.health_check_config;
-        if hc.interval <= 0 {
+        if !hc.interval.is_positive() {
             return Err("health-check-interval must be positive".into());
         }
-        if hc.timeout <= 0 {
+        if !hc.timeout.is_positive() {
             return Err("health-check-timeout must be positive".into());
         }
-        if self.response_timeout < 0 {
+        if self.response_timeout.is_negative() {
             return Err("target-timeout cannot be negative".into());
         }
         if self.max_memory_buffer_size < 0
@@ -217,8 +217,8 @@ impl TargetOptions {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default)]
 pub struct DeploymentOptions {
-    pub deploy_timeout: i64,
-    pub drain_timeout: i64,
+    pub deploy_timeout: GoDuration,
+    pub drain_timeout: GoDuration,
     pub force: bool,
 }
 
@@ -250,7 +250,7 @@ impl ServiceOptions {
         for p in &mut self.path_prefixes {
             *p = normalize_prefix(p);
         }
-        if self.sleep_after > 0 && self.wake_timeout == 0 {
+        if self.sleep_after.is_positive() && self.wake_timeout == GoDuration::ZERO {
             self.wake_timeout = DEFAULT_WAKE_TIMEOUT;
         }
     }
@@ -278,7 +278,7 @@ impl ServiceOptions {
     }
 
     pub fn sleep_enabled(&self) -> bool {
-        self.sleep_after > 0
+        self.sleep_after.is_positive()
     }
 
     /// Validation shared by the CLI (before connecting) and the server (on every deploy):
@@ -306,7 +306,7 @@ impl ServiceOptions {
     /// may have filled in sleep settings the command line left unset.
     pub fn validate_complete(&self) -> Result<(), String> {
         self.validate()?;
-        if self.sleep_after <= 0 && !self.sleep_containers.is_empty() {
+        if !self.sleep_after.is_positive() && !self.sleep_containers.is_empty() {
             return Err("service options invalid: sleep-container requires sleep-after".into());
         }
         Ok(())
@@ -351,10 +351,10 @@ impl ServiceOptions {
                 self.hosts.join(" ")
             ));
         }
-        if self.sleep_after < 0 || self.wake_timeout < 0 {
+        if self.sleep_after.is_negative() || self.wake_timeout.is_negative() {
             return Err("sleep-after and wake-timeout cannot be negative".into());
         }
-        if self.sleep_after > 0 && !self.tls_on_demand_url.is_empty() {
+        if self.sleep_after.is_positive() && !self.tls_on_demand_url.is_empty() {
             return Err("sleep-after cannot be used with a TLS on-demand URL".into());
         }
         Ok(())
@@ -408,6 +408,7 @@ pub fn validate_on_demand_url(url: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gotime::GoDuration;
 
     fn tls(hosts: &[&str]) -> ServiceOptions {
         ServiceOptions {
@@ -472,7 +473,7 @@ mod tests {
     #[test]
     fn sleep_validation() {
         let o = ServiceOptions {
-            sleep_after: -1,
+            sleep_after: GoDuration::from_nanos(-1),
             ..Default::default()
         };
         assert!(
@@ -481,7 +482,7 @@ mod tests {
                 .ends_with("sleep-after and wake-timeout cannot be negative")
         );
         let o = ServiceOptions {
-            wake_timeout: -1,
+            wake_timeout: GoDuration::from_nanos(-1),
             ..Default::default()
         };
         assert!(o.validate().unwrap_err().ends_with("cannot be negative"));
@@ -497,7 +498,7 @@ mod tests {
         );
         let mut o = tls(&[]);
         o.tls_on_demand_url = "/allow".into();
-        o.sleep_after = NS_PER_SEC;
+        o.sleep_after = GoDuration::from_secs(1);
         assert!(
             o.validate()
                 .unwrap_err()
@@ -508,14 +509,14 @@ mod tests {
     #[test]
     fn wake_timeout_defaults_only_when_sleeping() {
         let mut o = ServiceOptions {
-            sleep_after: NS_PER_SEC,
+            sleep_after: GoDuration::from_secs(1),
             ..Default::default()
         };
         o.normalize();
         assert_eq!(o.wake_timeout, DEFAULT_WAKE_TIMEOUT);
         let mut o = ServiceOptions::default();
         o.normalize();
-        assert_eq!(o.wake_timeout, 0);
+        assert_eq!(o.wake_timeout, GoDuration::ZERO);
     }
 
     #[test]

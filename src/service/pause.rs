@@ -149,7 +149,7 @@ impl PauseController {
         // that never stored it.
         let fail_after = Some(rx.borrow().fail_after)
             .filter(|f| !f.is_zero())
-            .unwrap_or(crate::gotime::to_std(DEFAULT_PAUSE_TIMEOUT));
+            .unwrap_or(DEFAULT_PAUSE_TIMEOUT.to_std());
         let settled = rx.wait_for(|s| s.state != PauseState::Paused);
         match tokio::time::timeout(fail_after, settled).await {
             Err(_) => PauseOutcome::TimedOut,

@@ -24,7 +24,6 @@ pub mod redirect;
 pub mod rewrite;
 pub mod rules;
 
-use crate::gotime;
 use crate::proxy::rejection::Rejection;
 use crate::service::Conn;
 use crate::service::options::{ServiceOptions, TargetOptions};
@@ -118,7 +117,7 @@ impl Gates {
             rewrites: RuleSet::parse(&o.rewrites, Kind::Rewrite)?,
             rate_limit,
             basic_auth,
-            request_timeout: (o.request_timeout > 0).then(|| gotime::to_std(o.request_timeout)),
+            request_timeout: (o.request_timeout.is_positive()).then(|| o.request_timeout.to_std()),
             log: LogThrottle::default(),
         })
     }
@@ -237,7 +236,7 @@ pub fn validate(o: &ServiceOptions) -> Result<(), String> {
     }
     RuleSet::parse(&o.redirects, Kind::Redirect)?;
     RuleSet::parse(&o.rewrites, Kind::Rewrite)?;
-    if o.request_timeout < 0 {
+    if o.request_timeout.is_negative() {
         return Err("request-timeout cannot be negative".into());
     }
     Ok(())
@@ -315,7 +314,7 @@ impl LogThrottle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gotime::NS_PER_SEC;
+    use crate::gotime::GoDuration;
 
     #[tokio::test(start_paused = true)]
     async fn log_throttle_allows_ten_lines_per_window() {
@@ -418,7 +417,7 @@ mod tests {
         );
         assert_eq!(
             v(ServiceOptions {
-                request_timeout: -NS_PER_SEC,
+                request_timeout: GoDuration::from_secs(-1),
                 ..base()
             }),
             format!("{p}request-timeout cannot be negative")

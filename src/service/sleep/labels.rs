@@ -51,8 +51,8 @@ pub fn unset_flags(options: &ServiceOptions, given: &[String]) -> Vec<&'static s
         .copied()
         .filter(|flag| !given.iter().any(|g| g == flag))
         .filter(|flag| match *flag {
-            "sleep-after" => options.sleep_after == 0,
-            "wake-timeout" => options.wake_timeout == 0,
+            "sleep-after" => options.sleep_after == Default::default(),
+            "wake-timeout" => options.wake_timeout == Default::default(),
             "sleep-container" => options.sleep_containers.is_empty(),
             _ => true,
         })
@@ -136,6 +136,7 @@ pub async fn apply_labels(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gotime::GoDuration;
     use crate::lifecycle::{ContainerInfo, LifecycleFuture};
     use std::collections::BTreeMap;
     use std::time::Duration;
@@ -193,8 +194,8 @@ mod tests {
         )]);
         let mut o = ServiceOptions::default();
         let applied = apply(&d, &["4f2a9c1b7e3d"], &mut o).await.unwrap();
-        assert_eq!(o.sleep_after, 300 * 1_000_000_000);
-        assert_eq!(o.wake_timeout, 45 * 1_000_000_000);
+        assert_eq!(o.sleep_after, GoDuration::from_secs(300));
+        assert_eq!(o.wake_timeout, GoDuration::from_secs(45));
         assert_eq!(
             applied,
             ["kamal-proxy.sleep-after=5m", "kamal-proxy.wake-timeout=45s"]
@@ -205,11 +206,11 @@ mod tests {
     async fn a_given_flag_wins_over_its_label() {
         let d = docker(&[("web", &[("kamal-proxy.sleep-after", "5m")])]);
         let mut o = ServiceOptions {
-            sleep_after: 10 * 1_000_000_000,
+            sleep_after: GoDuration::from_secs(10),
             ..ServiceOptions::default()
         };
         apply(&d, &["web"], &mut o).await.unwrap();
-        assert_eq!(o.sleep_after, 10 * 1_000_000_000);
+        assert_eq!(o.sleep_after, GoDuration::from_secs(10));
         // Given as zero on the command line: still the flag's.
         let mut o = ServiceOptions::default();
         let flags = unset_flags(&o, &["sleep-after".to_string()]);
@@ -218,7 +219,7 @@ mod tests {
         apply_labels(&d, &["web".into()], &flags, &mut o, deadline)
             .await
             .unwrap();
-        assert_eq!(o.sleep_after, 0);
+        assert_eq!(o.sleep_after, GoDuration::ZERO);
     }
 
     #[tokio::test]
@@ -256,7 +257,7 @@ mod tests {
         );
         let mut o = ServiceOptions::default();
         apply(&d, &["a", "c", "172.18.0.5"], &mut o).await.unwrap();
-        assert_eq!(o.sleep_after, 300 * 1_000_000_000);
+        assert_eq!(o.sleep_after, GoDuration::from_secs(300));
     }
 
     #[test]
