@@ -186,6 +186,7 @@ impl DeployCmd {
     pub fn to_args(&self) -> Result<DeployArgs, String> {
         // Cobra's order: the argument count, then required flags, then the rest.
         let service = super::exactly_one(&self.service)?;
+        validate_service_name(&service)?;
         let Some(target) = &self.target else {
             return Err("required flag(s) \"target\" not set".into());
         };

@@ -42,6 +42,23 @@ const FIRST_COLUMN_STYLE: &str = "1;34";
 
 /// Upstream's table: every cell styled with ANSI escapes (TTY or not), padded to the
 /// column width, each followed by two spaces.
+/// Control characters escaped (`\u{1b}` for ESC), so nothing a deploy stored can drive
+/// the terminal that prints the table.
+fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 pub fn render_table(list: &ListResponse) -> String {
     let header = ["Service", "Host", "Path", "Target", "State", "TLS"].map(String::from);
     let rows: Vec<[String; 6]> = list
@@ -49,11 +66,11 @@ pub fn render_table(list: &ListResponse) -> String {
         .iter()
         .map(|(name, d)| {
             [
-                name.clone(),
-                d.host.clone(),
-                d.path.clone(),
-                d.target.clone(),
-                d.state.clone(),
+                printable(name),
+                printable(&d.host),
+                printable(&d.path),
+                printable(&d.target),
+                printable(&d.state),
                 if d.tls { "yes" } else { "no" }.to_string(),
             ]
         })
@@ -82,4 +99,15 @@ pub fn render_table(list: &ListResponse) -> String {
         line(row, false);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(printable("app.test"), "app.test");
+        assert_eq!(printable("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
+    }
 }

@@ -1,8 +1,10 @@
 //! The server side of the control socket: one task per connection, so a long deploy does
 //! not hold up `list` or another service's deploy.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -11,6 +13,10 @@ use crate::router::Router;
 
 /// Requests are small; anything larger is not from our CLI.
 const MAX_REQUEST_BYTES: u64 = 4 << 20;
+
+/// How long a caller may take to send its request. There is no deadline on the reply: a
+/// deploy legitimately waits for health checks and a drain.
+const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct ControlListener {
     listener: UnixListener,
@@ -26,6 +32,10 @@ impl ControlListener {
             Err(e) => return Err(e),
         }
         let listener = UnixListener::bind(path)?;
+        // Whatever the umask: only the server's own user (and root) may connect. Callers
+        // are checked again by their credentials, which also closes the window before
+        // this chmod.
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         Ok(ControlListener {
             listener,
             path: path.to_path_buf(),
@@ -55,22 +65,54 @@ impl Drop for ControlListener {
 }
 
 async fn handle(mut stream: UnixStream, router: Arc<Router>) {
+    let caller = stream.peer_cred().map(|c| c.uid());
+    // The request is read even from a caller that will be refused: closing with its bytes
+    // unread would reset the connection, and the caller would never see why.
     let mut buf = Vec::new();
-    let read = (&mut stream)
-        .take(MAX_REQUEST_BYTES)
-        .read_to_end(&mut buf)
-        .await;
-    let response = match read {
-        Err(e) => Response::Error(format!("failed to read request: {e}")),
-        Ok(_) => match serde_json::from_slice::<Request>(&buf) {
+    let read = tokio::time::timeout(
+        REQUEST_READ_TIMEOUT,
+        (&mut stream).take(MAX_REQUEST_BYTES).read_to_end(&mut buf),
+    )
+    .await;
+    let admitted = caller
+        .map_err(|e| e.to_string())
+        .and_then(|uid| admit(uid, server_uid()));
+    let response = match (admitted, read) {
+        (Err(refusal), _) => {
+            tracing::warn!(reason = %refusal, "Refused control connection");
+            Response::Error(refusal)
+        }
+        (Ok(()), Err(_)) => Response::Error("timed out reading the request".into()),
+        (Ok(()), Ok(Err(e))) => Response::Error(format!("failed to read request: {e}")),
+        (Ok(()), Ok(Ok(_))) => match serde_json::from_slice::<Request>(&buf) {
             Err(e) => Response::Error(format!("invalid request: {e}")),
             Ok(request) => dispatch(&router, request).await,
         },
     };
-    if let Ok(body) = serde_json::to_vec(&response) {
+    reply(&mut stream, &response).await;
+}
+
+async fn reply(stream: &mut UnixStream, response: &Response) {
+    if let Ok(body) = serde_json::to_vec(response) {
         let _ = stream.write_all(&body).await;
     }
     let _ = stream.shutdown().await;
+}
+
+fn server_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Only root and the server's own user may change what the proxy serves.
+fn admit(caller: u32, server: u32) -> Result<(), String> {
+    if caller == 0 || caller == server {
+        Ok(())
+    } else {
+        Err(format!(
+            "permission denied: uid {caller} may not control this kamal-proxy (it runs as uid {server}; use that user or root)"
+        ))
+    }
 }
 
 async fn dispatch(router: &Arc<Router>, request: Request) -> Response {
@@ -93,5 +135,18 @@ async fn dispatch(router: &Arc<Router>, request: Request) -> Response {
     match result {
         Ok(()) => Response::Ok,
         Err(e) => Response::Error(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_and_the_server_s_user_are_admitted() {
+        assert!(admit(0, 1001).is_ok());
+        assert!(admit(1001, 1001).is_ok());
+        let refused = admit(65534, 1001).unwrap_err();
+        assert!(refused.contains("uid 65534"), "{refused}");
     }
 }

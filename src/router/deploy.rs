@@ -282,9 +282,7 @@ impl Router {
 
 /// The checks that need nothing but the request itself.
 fn check_request(args: &DeployArgs) -> Result<(), String> {
-    if args.service.is_empty() {
-        return Err("service name must not be empty".into());
-    }
+    crate::service::options::validate_service_name(&args.service)?;
     for target in args.targets.iter().chain(&args.readers) {
         validate_target(target)?;
     }

@@ -361,9 +361,45 @@ impl ServiceOptions {
     }
 }
 
+/// The longest service name accepted (Kamal's are `<service>-<role>[-<destination>]`).
+pub const MAX_SERVICE_NAME: usize = 255;
+
+/// A service name is printed by `list`, logged and used as a metrics label: letters,
+/// digits, `-`, `_` and `.`, at most [`MAX_SERVICE_NAME`] bytes.
+pub fn validate_service_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("service name must not be empty".into());
+    }
+    if name.len() > MAX_SERVICE_NAME {
+        return Err(format!(
+            "service name is {} bytes long; at most {MAX_SERVICE_NAME} are allowed",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(format!(
+            "invalid service name {:?}: {c:?} is not allowed (letters, digits, '-', '_' and '.' are)",
+            name
+        ));
+    }
+    Ok(())
+}
+
+/// The longest host name DNS allows.
+const MAX_HOST: usize = 253;
+
 /// Hosts are matched as given; reject what can never match a Host header so a typo is
 /// caught at deploy rather than as a silent 404.
 fn validate_host(host: &str) -> Result<(), String> {
+    if host.len() > MAX_HOST {
+        return Err(format!(
+            "invalid host: {} bytes long, at most {MAX_HOST} are allowed",
+            host.len()
+        ));
+    }
     let bad = host
         .chars()
         .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '?' | '#' | '@' | ','));
@@ -517,6 +553,27 @@ mod tests {
         let mut o = ServiceOptions::default();
         o.normalize();
         assert_eq!(o.wake_timeout, GoDuration::ZERO);
+    }
+
+    #[test]
+    fn service_names() {
+        assert!(validate_service_name("app-web_production.1").is_ok());
+        assert_eq!(
+            validate_service_name("").unwrap_err(),
+            "service name must not be empty"
+        );
+        assert!(
+            validate_service_name(&"a".repeat(256))
+                .unwrap_err()
+                .contains("256 bytes")
+        );
+        assert!(
+            validate_service_name("a\u{1b}[31m")
+                .unwrap_err()
+                .contains("not allowed")
+        );
+        assert!(validate_service_name("a b").is_err());
+        assert!(validate_host(&"h".repeat(254)).is_err());
     }
 
     #[test]

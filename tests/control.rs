@@ -1,0 +1,107 @@
+//! The control socket: private whatever the umask, callers checked by their credentials,
+//! a deadline on reading each request, and names that `list` can print.
+
+mod common;
+
+use common::{BIN, Proxy, unprivileged_uid};
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+/// The CLI as `uid`, against `p`'s socket.
+fn cli_as(uid: u32, p: &Proxy, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(BIN)
+        .uid(uid)
+        .gid(uid)
+        .env_clear()
+        .env("HOME", "/")
+        .env("KAMAL_PROXY_SOCKET", p.socket())
+        .args(args)
+        .output()
+        .expect("run cli");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Sends raw bytes and reads the reply until the server closes.
+fn raw_request(p: &Proxy, bytes: &[u8], close_write: bool) -> String {
+    let mut s = UnixStream::connect(p.socket()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(bytes).expect("write");
+    if close_write {
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).expect("reply");
+    reply
+}
+
+#[test]
+fn the_socket_is_private_whatever_the_umask_and_callers_are_checked() {
+    // SAFETY: umask has no preconditions; this is the only test here that changes it.
+    let old = unsafe { libc::umask(0) };
+    let p = Proxy::start();
+    unsafe { libc::umask(old) };
+    let mode = std::fs::metadata(p.socket()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
+
+    let Some(uid) = unprivileged_uid() else {
+        return; // not root: the test's own user is the server's, nothing more to show
+    };
+    // Open the way to the socket, so only its own mode stands in the way.
+    std::fs::set_permissions(p.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, stderr) = cli_as(uid, &p, &["deploy", "intruder", "--target=127.0.0.1:9"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+
+    // A socket opened to others by mistake: the caller's uid is still refused.
+    std::fs::set_permissions(p.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (code, stderr) = cli_as(uid, &p, &["deploy", "intruder", "--target=127.0.0.1:9"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("permission denied: uid {uid} may not control")),
+        "{stderr}"
+    );
+    assert!(
+        p.logs()
+            .iter()
+            .any(|l| l.contains("Refused control connection"))
+    );
+    assert!(!p.ok(&["list"]).contains("intruder"));
+}
+
+#[test]
+fn a_request_that_never_ends_is_answered_at_the_read_deadline() {
+    let p = Proxy::start();
+    let reply = raw_request(&p, br#"{"command":"li"#, false);
+    assert!(reply.contains("timed out reading the request"), "{reply}");
+    // The server is still there for everyone else.
+    p.ok(&["list"]);
+}
+
+#[test]
+fn service_names_are_bounded_and_printable() {
+    let p = Proxy::start();
+    let long = "a".repeat(300);
+    let stderr = p.fails(&["deploy", &long, "--target=127.0.0.1:9"]);
+    assert!(stderr.contains("at most 255"), "{stderr}");
+    let stderr = p.fails(&["deploy", "bad\u{1b}[2Jname", "--target=127.0.0.1:9"]);
+    assert!(stderr.contains("is not allowed"), "{stderr}");
+
+    // The server checks too, for a caller that bypasses the CLI.
+    let huge = "x".repeat(3_500_000);
+    let request = format!(
+        r#"{{"command":"deploy","service":"{huge}","targets":["127.0.0.1:9"],"deployment":{{}},"service_options":{{}},"target_options":{{}}}}"#
+    );
+    let reply = raw_request(&p, request.as_bytes(), true);
+    assert!(
+        reply.contains("service name is 3500000 bytes long"),
+        "{reply}"
+    );
+    assert_eq!(p.list_json()["services"], serde_json::json!({}));
+}
