@@ -105,3 +105,31 @@ fn service_names_are_bounded_and_printable() {
     );
     assert_eq!(p.list_json()["services"], serde_json::json!({}));
 }
+
+#[test]
+fn the_open_files_soft_limit_is_raised_to_the_hard_limit() {
+    let mut mine = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only touch the struct passed; the soft limit is lowered
+    // for the child to inherit and restored at once.
+    let p = unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut mine), 0);
+        let lowered = libc::rlimit {
+            rlim_cur: 512.min(mine.rlim_max),
+            rlim_max: mine.rlim_max,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lowered), 0);
+        let p = Proxy::start();
+        libc::setrlimit(libc::RLIMIT_NOFILE, &mine);
+        p
+    };
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", p.pid().unwrap())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files");
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields[3], fields[4], "{line}");
+}

@@ -87,6 +87,7 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         Some(Arc::new(docker))
     };
 
+    raise_open_files_limit();
     let data_dir = crate::config::prepare_data_dir()?;
     let router = Router::new(data_dir.join(crate::config::STATE_FILE_NAME), lifecycle);
     let acme_directory = if args.acme_directory.is_empty() {
@@ -188,5 +189,31 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit, as Go's runtime does at start: a
+/// proxy holds two descriptors per proxied connection, and the usual soft 1,024 runs out
+/// long before the machine does.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max
+        {
+            return;
+        }
+        let soft = limit.rlim_cur;
+        limit.rlim_cur = limit.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+            tracing::debug!(
+                from = soft,
+                to = limit.rlim_max,
+                "Raised the open files limit"
+            );
+        }
     }
 }

@@ -100,6 +100,49 @@ pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, stop: Cancella
     .await
 }
 
+/// Accept failures (a full descriptor table, mostly): a growing pause between attempts,
+/// and a log line at most once a second counting the failures since the last one.
+struct AcceptBackoff {
+    pause: Duration,
+    failures: u64,
+    last_log: Option<tokio::time::Instant>,
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        AcceptBackoff {
+            pause: Self::FIRST,
+            failures: 0,
+            last_log: None,
+        }
+    }
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const MAX: Duration = Duration::from_secs(1);
+
+    fn reset(&mut self) {
+        self.pause = Self::FIRST;
+    }
+
+    /// How long to pause, and the failure count to log now (if a line is due).
+    fn failed(&mut self) -> (Duration, Option<u64>) {
+        self.failures += 1;
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(Self::MAX);
+        let now = tokio::time::Instant::now();
+        let due = self
+            .last_log
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1));
+        if !due {
+            return (pause, None);
+        }
+        self.last_log = Some(now);
+        (pause, Some(std::mem::take(&mut self.failures)))
+    }
+}
+
 /// Accepts connections until `stop` is cancelled and serves each with `serve`; then
 /// cancels the `draining` token every connection got and waits up to
 /// [`SHUTDOWN_TIMEOUT`] for them to close.
@@ -111,17 +154,24 @@ where
     // Connections in flight; each holds a clone of the sender until it closes.
     let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
     let draining = CancellationToken::new();
+    let mut backoff = AcceptBackoff::default();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = stop.cancelled() => break,
         };
         let (stream, client) = match accepted {
-            Ok(a) => a,
+            Ok(a) => {
+                backoff.reset();
+                a
+            }
             Err(e) => {
-                // Usually EMFILE: back off instead of spinning.
-                tracing::error!(error = %e, "Failed to accept connection");
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                // Usually EMFILE: back off instead of spinning, and say so once a second.
+                let (pause, log) = backoff.failed();
+                if let Some(failures) = log {
+                    tracing::error!(error = %e, failures, "Failed to accept connection");
+                }
+                tokio::time::sleep(pause).await;
                 continue;
             }
         };
@@ -372,5 +422,25 @@ pub async fn serve_metrics(listener: TcpListener, stop: CancellationToken) {
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn accept_failures_back_off_and_log_once_a_second() {
+        let mut b = AcceptBackoff::default();
+        assert_eq!(b.failed(), (Duration::from_millis(5), Some(1)));
+        assert_eq!(b.failed(), (Duration::from_millis(10), None));
+        for _ in 0..10 {
+            b.failed();
+        }
+        assert_eq!(b.failed().0, AcceptBackoff::MAX);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(b.failed().1, Some(13));
+        b.reset();
+        assert_eq!(b.failed().0, AcceptBackoff::FIRST);
     }
 }
