@@ -5,6 +5,8 @@ pub mod body;
 pub mod buffer;
 pub mod forward;
 pub mod headers;
+mod keep_alive;
 pub mod pages;
+mod retry;
 
 pub use forward::{Forwarder, UpstreamRequest};
