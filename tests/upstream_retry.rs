@@ -136,7 +136,7 @@ async fn serve_connection(stream: TcpStream, policy: Policy, seen: Arc<Mutex<See
         {
             let mut s = seen.lock().unwrap();
             if closes {
-                s.unanswered.push(head.seq);
+                s.unanswered.push(head.seq.clone());
             } else if !answered_app {
                 s.app_connections += 1;
             }
@@ -212,8 +212,16 @@ async fn load(
         .await
 }
 
-fn failures(results: &[(String, u16)]) -> Vec<&(String, u16)> {
-    results.iter().filter(|(_, s)| *s != 200).collect()
+/// Panics with a count and a sample unless every request was answered 200.
+fn assert_all_ok(results: &[(String, u16)]) {
+    let failed: Vec<_> = results.iter().filter(|(_, s)| *s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed, e.g. {:?}",
+        failed.len(),
+        results.len(),
+        &failed[..failed.len().min(10)]
+    );
 }
 
 fn resend_lines(proxy: &Proxy) -> Vec<serde_json::Value> {
@@ -241,7 +249,7 @@ fn wait_resends(proxy: &Proxy, n: usize) -> Vec<serde_json::Value> {
 async fn gets_on_connections_closed_under_them_are_resent_once() {
     let (app, proxy) = serve(Policy::ClosesOnReuse).await;
     let results = load(&proxy, reqwest::Method::GET, "g", 2000, 16).await;
-    assert_eq!(failures(&results), Vec::<&(String, u16)>::new());
+    assert_all_ok(&results);
 
     let unanswered = app.seen(|s| s.unanswered.clone());
     assert!(
@@ -347,7 +355,7 @@ async fn a_post_whose_bytes_were_written_is_not_resent() {
 async fn an_app_closing_right_after_answering_causes_no_502_on_gets() {
     let (_app, proxy) = serve(Policy::ClosesAfterAnswering).await;
     let results = load(&proxy, reqwest::Method::GET, "g", 2000, 16).await;
-    assert_eq!(failures(&results), Vec::<&(String, u16)>::new());
+    assert_all_ok(&results);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -401,7 +409,7 @@ async fn gets_and_posts_across_the_apps_keep_alive_timeout_never_fail() {
         );
     }
     assert_eq!(results.len(), 4000);
-    assert_eq!(failures(&results), Vec::<&(String, u16)>::new());
+    assert_all_ok(&results);
     app.seen(|s| {
         // Never one request sent into a connection the app had timed out.
         assert_eq!(s.unanswered, Vec::<String>::new());
