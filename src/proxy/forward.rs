@@ -1,13 +1,13 @@
 //! The last step of the pipeline: send the request to the chosen target and relay the
 //! response, streaming both ways unless the service asked for buffering.
 
-use http::uri::{PathAndQuery, Scheme};
-use http::{HeaderValue, Request, Response, StatusCode, Uri, Version, header};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::body::finish;
@@ -15,16 +15,31 @@ use super::body::{RequestBody, ResponseBody};
 use super::buffer::{BufferError, SpillBuffer};
 use super::exchange::Exchange;
 use super::headers::{self, ForwardedFor};
+use super::keep_alive::{self, RUNGS};
 use super::pages::{ErrorPages, error_response};
+use super::retry::{self, TrackingConnector};
 use crate::balancer::Target;
 use crate::service::options::TargetOptions;
 
-pub type UpstreamClient = Client<HttpConnector, RequestBody>;
+type UpstreamClient = Client<TrackingConnector, RequestBody>;
+type FreshClient = Client<HttpConnector, RequestBody>;
 
-/// The shared upstream connection pool.
+/// How long an upstream connection may idle in the shared pool.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The upstream connection pools.
 #[derive(Clone)]
 pub struct Forwarder {
+    /// The shared pool.
     client: UpstreamClient,
+    /// New connections that are never pooled: a re-sent request, an upgrade (its
+    /// connection is the tunnel's, never pooled anyway), an app that wants no reuse.
+    fresh: FreshClient,
+    /// Pools with a shorter idle timeout, one per rung, made when a host first needs it.
+    rungs: Arc<[OnceLock<UpstreamClient>; RUNGS.len()]>,
+    /// Hosts that announced `Keep-Alive: timeout=N`, and their rung.
+    keep_alive: Arc<keep_alive::Hosts>,
+    connector: HttpConnector,
 }
 
 impl Default for Forwarder {
@@ -50,11 +65,62 @@ impl Forwarder {
     pub fn new() -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(100)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
-        Forwarder { client }
+        Forwarder {
+            client: pooled(&connector, POOL_IDLE_TIMEOUT),
+            fresh: Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(0)
+                .build(connector.clone()),
+            rungs: Arc::new(Default::default()),
+            keep_alive: Arc::default(),
+            connector,
+        }
+    }
+
+    /// The pool for `host`: the shared one, unless it announced a shorter keep-alive.
+    fn pool_for(&self, host: &Authority) -> Pool<'_> {
+        match self.keep_alive.rung(host) {
+            None => Pool::Pooled(&self.client),
+            Some(0) => Pool::Fresh(&self.fresh),
+            Some(r) => {
+                Pool::Pooled(self.rungs[r].get_or_init(|| pooled(&self.connector, RUNGS[r])))
+            }
+        }
+    }
+
+    /// Sends `req`; when a reused connection died under it before it was answered and
+    /// [`retry`]'s rule allows, sends it once more on a new connection. `replay` is the
+    /// request's head, kept for bodiless requests only (a body cannot be sent twice).
+    async fn send(
+        &self,
+        pool: Pool<'_>,
+        req: Request<RequestBody>,
+        replay: Option<Replay>,
+        target: &str,
+    ) -> Result<Response<Incoming>, SendError> {
+        let e = match pool.request(req).await {
+            Ok(r) => return Ok(r),
+            Err(e) => e,
+        };
+        let Some(replay) = replay.filter(|r| retry::resend_after(&e, &r.method, &r.headers, true))
+        else {
+            return Err(SendError {
+                error: e,
+                resent: false,
+            });
+        };
+        tracing::info!(
+            "target" = target,
+            path = %replay.uri.path(),
+            error = %describe(&e),
+            "Resending request on a new connection"
+        );
+        self.fresh
+            .request(replay.into_request())
+            .await
+            .map_err(|error| SendError {
+                error,
+                resent: true,
+            })
     }
 
     /// Forwards `req`; the returned response carries `exchange` in its body (or, for an
@@ -139,9 +205,15 @@ impl Forwarder {
         std::mem::swap(&mut parts.uri, &mut uri);
         parts.version = Version::HTTP_11;
         let body_sent = body.track_sent();
+        // Only a bodiless request can be sent again: keep its head for that.
+        let replay = (body.is_end_stream() && upgrade.is_none()).then(|| Replay::of(&parts));
         let outbound = Request::from_parts(parts, body);
 
-        let sent = self.client.request(outbound);
+        let pool = match upgrade {
+            Some(_) => Pool::Fresh(&self.fresh),
+            None => self.pool_for(up.target.authority()),
+        };
+        let sent = self.send(pool, outbound, replay, up.target.address());
         let result = {
             let cancelled = async {
                 match exchange.target.as_ref() {
@@ -188,7 +260,7 @@ impl Forwarder {
                     exchange,
                 );
             }
-            Some(Ok(Err(e))) if client_body_failed(&e) => {
+            Some(Ok(Err(SendError { error: e, .. }))) if client_body_failed(&e) => {
                 // The client's own body could not be read (malformed chunking): its fault.
                 tracing::info!(path = %uri.path(), error = %describe(&e), "Malformed request");
                 return finish(
@@ -196,8 +268,8 @@ impl Forwarder {
                     exchange,
                 );
             }
-            Some(Ok(Err(e))) => {
-                tracing::error!("target" = up.target.address(), path = %uri.path(), error = %describe(&e), "Error while proxying");
+            Some(Ok(Err(SendError { error: e, resent }))) => {
+                tracing::error!("target" = up.target.address(), path = %uri.path(), error = %describe(&e), resent, "Error while proxying");
                 return finish(
                     error_response(StatusCode::BAD_GATEWAY, up.pages, None),
                     exchange,
@@ -205,6 +277,18 @@ impl Forwarder {
             }
             Some(Ok(Ok(r))) => r,
         };
+        if let Some((timeout, rung)) =
+            self.keep_alive
+                .learn(up.target.authority(), response.headers(), POOL_IDLE_TIMEOUT)
+        {
+            let idle = rung.map_or(POOL_IDLE_TIMEOUT, |r| RUNGS[r]);
+            tracing::info!(
+                "target" = up.target.address(),
+                keep_alive_timeout = ?timeout,
+                pool_idle_timeout = ?idle,
+                "Target announced its keep-alive timeout"
+            );
+        }
         // Answer in our own version: hyper writes the response's version on the status
         // line, so an HTTP/1.0 app would otherwise downgrade HTTP/1.1 clients.
         *response.version_mut() = Version::HTTP_11;
@@ -297,6 +381,63 @@ impl Forwarder {
             }),
             exchange,
         )
+    }
+}
+
+fn pooled(connector: &HttpConnector, idle: Duration) -> UpstreamClient {
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(100)
+        .pool_idle_timeout(idle)
+        .build(TrackingConnector::new(connector.clone()))
+}
+
+/// The client a request goes through: two types, for an untracked fresh connection needs
+/// no [`retry`] evidence (it is never reused).
+#[derive(Clone, Copy)]
+enum Pool<'a> {
+    Pooled(&'a UpstreamClient),
+    Fresh(&'a FreshClient),
+}
+
+impl Pool<'_> {
+    fn request(self, req: Request<RequestBody>) -> hyper_util::client::legacy::ResponseFuture {
+        match self {
+            Pool::Pooled(c) => c.request(req),
+            Pool::Fresh(c) => c.request(req),
+        }
+    }
+}
+
+struct SendError {
+    error: hyper_util::client::legacy::Error,
+    /// It was the second attempt.
+    resent: bool,
+}
+
+/// What it takes to send a bodiless request again (the extensions are not kept: nothing
+/// below reads them).
+struct Replay {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+impl Replay {
+    fn of(parts: &http::request::Parts) -> Self {
+        Replay {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            headers: parts.headers.clone(),
+        }
+    }
+
+    fn into_request(self) -> Request<RequestBody> {
+        let mut req = Request::new(RequestBody::empty());
+        *req.method_mut() = self.method;
+        *req.uri_mut() = self.uri;
+        *req.headers_mut() = self.headers;
+        *req.version_mut() = Version::HTTP_11;
+        req
     }
 }
 

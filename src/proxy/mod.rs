@@ -6,7 +6,9 @@ pub mod buffer;
 pub mod exchange;
 pub mod forward;
 pub mod headers;
+mod keep_alive;
 pub mod pages;
 pub mod rejection;
+mod retry;
 
 pub use forward::{Forwarder, UpstreamRequest};

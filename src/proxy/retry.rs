@@ -1,0 +1,439 @@
+//! The one rule for re-sending a request whose upstream connection died under it (issue 10
+//! §2), and the connection wrapper that gathers the evidence the rule needs.
+//!
+//! The race it covers: an app closes an idle keep-alive connection (its own timeout, or right
+//! after answering) while we pick that connection from the pool and write the next request.
+//! The request meets a dead socket and would be a 502. Go's transport re-sends such a request
+//! (`persistConn.shouldRetryRequest`); so do we, with Go's rule:
+//!
+//! - only when the connection had carried an exchange before (a fresh connection that dies
+//!   is the app's answer, not a race), and died before any byte of the response came back;
+//! - when no byte of the request had been written, or when it is replayable: GET, HEAD,
+//!   OPTIONS or TRACE (or it carries an `Idempotency-Key`), without a body;
+//! - once, on a new connection that is never pooled.
+//!
+//! A body we streamed is consumed as hyper writes it, so only bodiless requests are re-sent
+//! here. hyper-util itself re-sends a request (body included) that a pooled connection
+//! closed before hyper started writing it (`retry_canceled_requests`, on by default): that
+//! is the "nothing written" case it can see, and it never reaches us.
+//!
+//! hyper-util's error says neither whether the connection was reused nor whether the
+//! response had begun, so [`Tracked`] watches the bytes: when a reused connection fails
+//! before the first response byte, the I/O error it reports carries a [`ReusedConnectionClosed`],
+//! which [`resend_after`] finds in the error chain. Nothing is allocated unless that happens.
+
+use http::{HeaderMap, Method, Uri};
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::TokioIo;
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Whether a request that failed with `err` may be sent again, once, on a new connection.
+/// `bodiless`: the request had no body to send.
+pub(crate) fn resend_after(
+    err: &(dyn StdError + 'static),
+    method: &Method,
+    headers: &HeaderMap,
+    bodiless: bool,
+) -> bool {
+    closed_before_response(err).is_some_and(|c| may_resend(c.written, method, headers, bodiless))
+}
+
+/// Go's rule, for a request whose reused connection died before any response byte.
+fn may_resend(written: bool, method: &Method, headers: &HeaderMap, bodiless: bool) -> bool {
+    bodiless && (!written || replayable(method, headers))
+}
+
+/// Go's `Request.isReplayable` for a request without a body.
+fn replayable(method: &Method, headers: &HeaderMap) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    ) || headers.contains_key("idempotency-key")
+        || headers.contains_key("x-idempotency-key")
+}
+
+/// Our mark in the error chain: hyper wraps the `io::Error` [`Tracked`] returns, whose
+/// payload this is (`io::Error::source` skips the payload, so look inside each one).
+fn closed_before_response<'a>(
+    err: &'a (dyn StdError + 'static),
+) -> Option<&'a ReusedConnectionClosed> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(mark) = e
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::get_ref)
+            .and_then(|inner| inner.downcast_ref::<ReusedConnectionClosed>())
+        {
+            return Some(mark);
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// A reused upstream connection failed before the first byte of its response.
+#[derive(Debug)]
+pub(crate) struct ReusedConnectionClosed {
+    /// Whether any byte of the request had been written.
+    written: bool,
+    /// The socket's own error; none when it simply reached end of file.
+    cause: Option<io::Error>,
+}
+
+impl fmt::Display for ReusedConnectionClosed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.written {
+            "reused connection closed before any response byte"
+        } else {
+            "reused connection closed before the request was written"
+        })
+    }
+}
+
+impl StdError for ReusedConnectionClosed {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.cause.as_ref().map(|e| e as _)
+    }
+}
+
+/// Where a connection is in its request/response cycle, as its bytes show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Nothing sent yet.
+    Fresh,
+    /// Last thing seen: bytes from the app (a response, or part of one).
+    Answered,
+    /// Writing a request, and no byte has come back since.
+    Sent { reused: bool },
+}
+
+/// An upstream connection that marks the errors of a reused connection that died before
+/// answering. Two branches per read or write, no allocation unless it marks an error.
+pub(crate) struct Tracked<T> {
+    io: T,
+    phase: Phase,
+}
+
+impl<T> Tracked<T> {
+    pub(crate) fn new(io: T) -> Self {
+        Tracked {
+            io,
+            phase: Phase::Fresh,
+        }
+    }
+
+    /// `Some(written)` when a failure now ends a reused connection before its answer.
+    /// `writing`: the failure came from a write, which starts a request if the app had
+    /// answered last.
+    fn unanswered(&self, writing: bool) -> Option<bool> {
+        match self.phase {
+            Phase::Sent { reused: true } => Some(true),
+            Phase::Answered if writing => Some(false),
+            _ => None,
+        }
+    }
+
+    fn fail(&self, e: io::Error, writing: bool) -> io::Error {
+        match self.unanswered(writing) {
+            Some(written) => io::Error::new(
+                e.kind(),
+                ReusedConnectionClosed {
+                    written,
+                    cause: Some(e),
+                },
+            ),
+            None => e,
+        }
+    }
+
+    fn wrote(&mut self, n: usize) {
+        if n > 0 && !matches!(self.phase, Phase::Sent { .. }) {
+            self.phase = Phase::Sent {
+                reused: self.phase == Phase::Answered,
+            };
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                this.phase = Phase::Answered;
+                Poll::Ready(Ok(()))
+            }
+            // End of file with room to read: the app closed.
+            Poll::Ready(Ok(())) if buf.remaining() > 0 => match this.unanswered(false) {
+                Some(written) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    ReusedConnectionClosed {
+                        written,
+                        cause: None,
+                    },
+                ))),
+                None => Poll::Ready(Ok(())),
+            },
+            Poll::Ready(Err(e)) => Poll::Ready(Err(this.fail(e, false))),
+            other => other,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_write(cx, data) {
+            Poll::Ready(Ok(n)) => {
+                this.wrote(n);
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(this.fail(e, true))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_write_vectored(cx, bufs) {
+            Poll::Ready(Ok(n)) => {
+                this.wrote(n);
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(this.fail(e, true))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+impl<T: Connection> Connection for Tracked<T> {
+    fn connected(&self) -> Connected {
+        self.io.connected()
+    }
+}
+
+/// hyper-util's `HttpConnector`, its connections [`Tracked`].
+#[derive(Clone)]
+pub(crate) struct TrackingConnector {
+    inner: HttpConnector,
+}
+
+impl TrackingConnector {
+    pub(crate) fn new(inner: HttpConnector) -> Self {
+        TrackingConnector { inner }
+    }
+}
+
+type Connecting =
+    Pin<Box<dyn Future<Output = Result<TokioIo<Tracked<TcpStream>>, BoxError>> + Send>>;
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+impl tower_service::Service<Uri> for TrackingConnector {
+    type Response = TokioIo<Tracked<TcpStream>>;
+    type Error = BoxError;
+    type Future = Connecting;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        // One box per new connection, none per request.
+        let connecting = self.inner.call(dst);
+        Box::pin(async move {
+            let io = connecting.await?;
+            Ok(TokioIo::new(Tracked::new(io.into_inner())))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, http::HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn written_requests_are_resent_only_when_replayable_and_bodiless() {
+        let none = HeaderMap::new();
+        for m in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
+            assert!(may_resend(true, &m, &none, true), "{m}");
+            assert!(!may_resend(true, &m, &none, false), "{m} with a body");
+        }
+        for m in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
+            assert!(!may_resend(true, &m, &none, true), "{m}");
+        }
+        for key in ["idempotency-key", "x-idempotency-key"] {
+            let h = headers(&[(key, "k1")]);
+            assert!(may_resend(true, &Method::POST, &h, true), "{key}");
+            assert!(
+                !may_resend(true, &Method::POST, &h, false),
+                "{key} with a body"
+            );
+        }
+    }
+
+    #[test]
+    fn unwritten_requests_are_resent_whatever_the_method_unless_they_have_a_body() {
+        let none = HeaderMap::new();
+        for m in [Method::GET, Method::POST, Method::DELETE, Method::PATCH] {
+            assert!(may_resend(false, &m, &none, true), "{m}");
+            assert!(!may_resend(false, &m, &none, false), "{m} with a body");
+        }
+    }
+
+    #[test]
+    fn only_our_mark_allows_a_resend() {
+        let none = HeaderMap::new();
+        let plain = io::Error::new(io::ErrorKind::ConnectionReset, "reset");
+        assert!(!resend_after(&plain, &Method::GET, &none, true));
+        let marked = io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            ReusedConnectionClosed {
+                written: true,
+                cause: Some(plain),
+            },
+        );
+        assert!(resend_after(&marked, &Method::GET, &none, true));
+        assert!(!resend_after(&marked, &Method::POST, &none, true));
+        // Found below other errors, as hyper-util and hyper wrap it.
+        #[derive(Debug)]
+        struct Outer(io::Error);
+        impl fmt::Display for Outer {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("outer")
+            }
+        }
+        impl StdError for Outer {
+            fn source(&self) -> Option<&(dyn StdError + 'static)> {
+                Some(&self.0)
+            }
+        }
+        assert!(resend_after(&Outer(marked), &Method::HEAD, &none, true));
+    }
+
+    /// A request/response on `Tracked`, the app side driven by hand.
+    async fn exchange(
+        ours: &mut Tracked<tokio::io::DuplexStream>,
+        app: &mut tokio::io::DuplexStream,
+    ) {
+        ours.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut buf = [0u8; 64];
+        let n = app.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        app.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let n = ours.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+    }
+
+    fn mark_of(e: &io::Error) -> Option<bool> {
+        closed_before_response(e).map(|m| m.written)
+    }
+
+    #[tokio::test]
+    async fn a_fresh_connection_that_dies_is_not_marked() {
+        let (ours, mut app) = tokio::io::duplex(1024);
+        let mut ours = Tracked::new(ours);
+        ours.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut buf = [0u8; 64];
+        let _ = app.read(&mut buf).await.unwrap();
+        drop(app);
+        // End of file, unmarked: hyper reports it as it always has.
+        assert_eq!(ours.read(&mut buf).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_reused_connection_closed_after_the_request_is_marked_written() {
+        let (ours, mut app) = tokio::io::duplex(1024);
+        let mut ours = Tracked::new(ours);
+        exchange(&mut ours, &mut app).await;
+        ours.write_all(b"GET /again HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        drop(app);
+        let mut buf = [0u8; 64];
+        let e = ours.read(&mut buf).await.unwrap_err();
+        assert_eq!(mark_of(&e), Some(true), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_reused_connection_that_refuses_the_first_write_is_marked_unwritten() {
+        // A fake, beside the real-socket tests: a duplex half whose peer is gone refuses
+        // writes outright, which a TCP socket does only once the app's reset has arrived.
+        let (ours, mut app) = tokio::io::duplex(1024);
+        let mut ours = Tracked::new(ours);
+        exchange(&mut ours, &mut app).await;
+        drop(app);
+        let e = ours
+            .write_all(b"POST / HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap_err();
+        assert_eq!(mark_of(&e), Some(false), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_closing_is_a_plain_end_of_file() {
+        let (ours, mut app) = tokio::io::duplex(1024);
+        let mut ours = Tracked::new(ours);
+        exchange(&mut ours, &mut app).await;
+        drop(app);
+        let mut buf = [0u8; 64];
+        assert_eq!(ours.read(&mut buf).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_response_begun_is_not_marked() {
+        let (ours, mut app) = tokio::io::duplex(1024);
+        let mut ours = Tracked::new(ours);
+        exchange(&mut ours, &mut app).await;
+        ours.write_all(b"GET /again HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        app.write_all(b"HTTP/1.1 200").await.unwrap();
+        drop(app);
+        let mut buf = [0u8; 64];
+        assert!(ours.read(&mut buf).await.unwrap() > 0);
+        assert_eq!(ours.read(&mut buf).await.unwrap(), 0);
+    }
+}
