@@ -453,6 +453,12 @@ async fn target_timeout_answers_504_page() {
     assert_eq!(resp.status(), 504);
     assert_eq!(resp.headers()["content-type"], "text/html; charset=utf-8");
     assert!(resp.text().await.unwrap().contains("504 — Gateway Timeout"));
+    // The log says which timeout fired.
+    assert!(proxy.wait_for_log(
+        |l| l.contains("Target timed out before responding"),
+        Duration::from_secs(10)
+    ));
+    assert!(!proxy.logs().iter().any(|l| l.contains("Request deadline exceeded")));
     // Not a limit on the body: a fast response is unaffected.
     let resp = client().get(proxy.url("/slow?ms=10")).send().await.unwrap();
     assert_eq!(resp.status(), 200);

@@ -472,6 +472,12 @@ async fn request_deadline_answers_504_including_holds_and_exempts_streams() {
     let r = http.get(p.url("/slow?ms=3000")).send().await.unwrap();
     assert_eq!(r.status(), 504);
     assert!(started.elapsed() < Duration::from_millis(2500));
+    // The log says which timeout fired.
+    assert!(p.wait_for_log(
+        |l| l.contains("Request deadline exceeded"),
+        Duration::from_secs(10)
+    ));
+    assert!(!p.logs().iter().any(|l| l.contains("Target timed out")));
     assert_eq!(status(http.get(p.url("/slow?ms=50"))).await, 200);
 
     // While paused, the hold counts against the deadline; an event stream is exempt and

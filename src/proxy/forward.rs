@@ -16,7 +16,8 @@ use super::buffer::{BufferError, SpillBuffer};
 use super::exchange::Exchange;
 use super::headers::{self, ForwardedFor};
 use super::keep_alive::{self, RUNGS};
-use super::pages::{ErrorPages, error_response};
+use super::pages::ErrorPages;
+use super::rejection::{Refused, Rejection};
 use super::retry::{self, TrackingConnector};
 use crate::balancer::Target;
 use crate::service::options::TargetOptions;
@@ -59,6 +60,26 @@ pub struct UpstreamRequest<'a> {
     pub tls: bool,
     /// `--request-timeout`: the response headers must arrive by then (504 otherwise).
     pub deadline: Option<tokio::time::Instant>,
+    /// The service's name, for the log line of a rejection.
+    pub service: &'a str,
+}
+
+impl UpstreamRequest<'_> {
+    /// Answers with `rejection` instead of the app (see [`Rejection::respond`]).
+    fn reject(
+        &self,
+        rejection: Rejection,
+        path: &str,
+        method: &Method,
+        exchange: Exchange,
+    ) -> Response<ResponseBody> {
+        let at = Refused {
+            service: self.service,
+            path,
+            method,
+        };
+        rejection.respond(&at, self.pages, exchange)
+    }
 }
 
 impl Forwarder {
@@ -137,16 +158,20 @@ impl Forwarder {
 
         let (mut parts, incoming) = req.into_parts();
         let head_request = parts.method == http::Method::HEAD;
+        // Kept for a rejection's rendering (a copy only for a non-standard method).
+        let method = parts.method.clone();
         let mut body = if opts.buffer_requests && upgrade.is_none() {
             let buffered = match up.deadline {
                 Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))
                     .await
-                    .unwrap_or(Err(StatusCode::GATEWAY_TIMEOUT)),
+                    .unwrap_or(Err(Rejection::DeadlineExceeded)),
                 None => buffer_request(incoming, opts).await,
             };
             match buffered {
                 Ok(b) => b,
-                Err(status) => return finish(error_response(status, up.pages, None), exchange),
+                Err(rejection) => {
+                    return up.reject(rejection, parts.uri.path(), &method, exchange);
+                }
             }
         } else {
             RequestBody::stream(incoming)
@@ -199,7 +224,7 @@ impl Forwarder {
         let mut uri = Uri::builder()
             .scheme(Scheme::HTTP)
             .authority(up.target.authority().clone())
-            .path_and_query(up.path_and_query)
+            .path_and_query(up.path_and_query.clone())
             .build()
             .unwrap_or_default();
         std::mem::swap(&mut parts.uri, &mut uri);
@@ -238,42 +263,33 @@ impl Forwarder {
             };
             tokio::select! {
                 r = sent => Some(Ok(r)),
-                _ = timed_out => Some(Err(())),
-                _ = deadline => Some(Err(())),
+                _ = timed_out => Some(Err(Rejection::TargetTimeout)),
+                _ = deadline => Some(Err(Rejection::DeadlineExceeded)),
                 _ = cancelled => None,
             }
         };
         let mut response = match result {
             None => {
-                tracing::info!(path = %uri.path(), "Request cancelled due to draining");
                 // Release the target now: the 504 page itself must not be cut by the drain.
                 let mut exchange = exchange;
                 exchange.target = None;
-                return finish(
-                    error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
-                    exchange,
-                );
+                return up.reject(Rejection::Drained, uri.path(), &method, exchange);
             }
-            Some(Err(_)) => {
-                return finish(
-                    error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
-                    exchange,
-                );
-            }
+            Some(Err(fired)) => return up.reject(fired, uri.path(), &method, exchange),
             Some(Ok(Err(SendError { error: e, .. }))) if client_body_failed(&e) => {
                 // The client's own body could not be read (malformed chunking): its fault.
-                tracing::info!(path = %uri.path(), error = %describe(&e), "Malformed request");
-                return finish(
-                    error_response(StatusCode::BAD_REQUEST, up.pages, None),
-                    exchange,
-                );
+                let bad = Rejection::BadRequestBody {
+                    detail: describe(&e),
+                };
+                return up.reject(bad, uri.path(), &method, exchange);
             }
             Some(Ok(Err(SendError { error: e, resent }))) => {
-                tracing::error!("target" = up.target.address(), path = %uri.path(), error = %describe(&e), resent, "Error while proxying");
-                return finish(
-                    error_response(StatusCode::BAD_GATEWAY, up.pages, None),
-                    exchange,
-                );
+                let failed = Rejection::TargetFailed {
+                    target: up.target.shared_address(),
+                    detail: describe(&e),
+                    resent,
+                };
+                return up.reject(failed, uri.path(), &method, exchange);
             }
             Some(Ok(Ok(r))) => r,
         };
@@ -303,11 +319,12 @@ impl Forwarder {
             return match client_upgrade.filter(|_| agreed) {
                 Some(client_upgrade) => splice_upgrade(response, client_upgrade, exchange),
                 None => {
-                    tracing::error!("target" = up.target.address(), path = %uri.path(), error = "backend switched to a protocol that was not requested", "Error while proxying");
-                    finish(
-                        error_response(StatusCode::BAD_GATEWAY, up.pages, None),
-                        exchange,
-                    )
+                    let failed = Rejection::TargetFailed {
+                        target: up.target.shared_address(),
+                        detail: "backend switched to a protocol that was not requested".into(),
+                        resent: false,
+                    };
+                    up.reject(failed, uri.path(), &method, exchange)
                 }
             };
         }
@@ -320,11 +337,8 @@ impl Forwarder {
                     match tokio::time::timeout_at(d, buffer_response(incoming, opts)).await {
                         Ok(b) => b,
                         Err(_) => {
-                            tracing::info!(path = %uri.path(), "Request deadline exceeded");
-                            return finish(
-                                error_response(StatusCode::GATEWAY_TIMEOUT, up.pages, None),
-                                exchange,
-                            );
+                            let late = Rejection::DeadlineExceeded;
+                            return up.reject(late, uri.path(), &method, exchange);
                         }
                     }
                 }
@@ -349,26 +363,23 @@ impl Forwarder {
                         exchange,
                     )
                 }
-                Err(ResponseBufferError::Buffer(BufferError::TooLarge)) => {
-                    tracing::info!(path = %uri.path(), "Response exceeded max response limit");
-                    finish(
-                        error_response(StatusCode::INTERNAL_SERVER_ERROR, up.pages, None),
-                        exchange,
-                    )
-                }
-                Err(ResponseBufferError::Buffer(BufferError::Io(e))) => {
-                    tracing::error!(path = %uri.path(), error = %e, "Error buffering response");
-                    finish(
-                        error_response(StatusCode::INTERNAL_SERVER_ERROR, up.pages, None),
-                        exchange,
-                    )
-                }
-                Err(ResponseBufferError::Upstream(e)) => {
-                    tracing::error!("target" = up.target.address(), path = %uri.path(), error = %e, "Error while proxying");
-                    finish(
-                        error_response(StatusCode::BAD_GATEWAY, up.pages, None),
-                        exchange,
-                    )
+                Err(e) => {
+                    let rejection = match e {
+                        ResponseBufferError::Buffer(BufferError::TooLarge) => {
+                            Rejection::ResponseTooLarge
+                        }
+                        ResponseBufferError::Buffer(BufferError::Io(e)) => {
+                            Rejection::BufferFailed {
+                                detail: e.to_string(),
+                            }
+                        }
+                        ResponseBufferError::Upstream(e) => Rejection::TargetFailed {
+                            target: up.target.shared_address(),
+                            detail: e.to_string(),
+                            resent: false,
+                        },
+                    };
+                    up.reject(rejection, uri.path(), &method, exchange)
                 }
             };
         }
@@ -479,16 +490,20 @@ fn describe(e: &hyper_util::client::legacy::Error) -> String {
 async fn buffer_request(
     mut body: Incoming,
     opts: &TargetOptions,
-) -> Result<RequestBody, StatusCode> {
+) -> Result<RequestBody, Rejection> {
     let mut buf = SpillBuffer::new(opts.max_memory_buffer_size, opts.max_request_body_size);
     while let Some(frame) = body.frame().await {
         // A body that cannot be read is the client's fault (malformed chunking, early
         // close): upstream answers 400 too.
-        let frame = frame.map_err(|_| StatusCode::BAD_REQUEST)?;
+        let frame = frame.map_err(|e| Rejection::BadRequestBody {
+            detail: e.to_string(),
+        })?;
         if let Ok(data) = frame.into_data() {
             buf.write(data).await.map_err(|e| match e {
-                BufferError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-                BufferError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                BufferError::TooLarge => Rejection::RequestTooLarge,
+                BufferError::Io(e) => Rejection::BufferFailed {
+                    detail: e.to_string(),
+                },
             })?;
         }
     }
@@ -498,7 +513,9 @@ async fn buffer_request(
     buf.into_body()
         .await
         .map(RequestBody::buffered)
-        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)
+        .map_err(|e| Rejection::BufferFailed {
+            detail: format!("{e:?}"),
+        })
 }
 
 enum ResponseBufferError {

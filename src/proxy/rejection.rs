@@ -58,7 +58,12 @@ pub enum Rejection {
     Drained,
     /// The target could not be reached or broke the exchange (502). `detail` is for the
     /// log only.
-    TargetFailed { target: Arc<str>, detail: String },
+    TargetFailed {
+        target: Arc<str>,
+        detail: String,
+        /// It failed on the second attempt, after a re-send on a new connection.
+        resent: bool,
+    },
     /// The client's own body could not be read, e.g. malformed chunking (400).
     BadRequestBody { detail: String },
     /// A buffered request body over `--max-request-body` (413).
@@ -114,8 +119,12 @@ impl Rejection {
             Rejection::Drained => {
                 tracing::info!(service, path, "Request cancelled due to draining")
             }
-            Rejection::TargetFailed { target, detail } => {
-                tracing::error!(service, target = %target, path, error = %detail, "Error while proxying")
+            Rejection::TargetFailed {
+                target,
+                detail,
+                resent,
+            } => {
+                tracing::error!(service, "target" = %target, path, error = %detail, resent, "Error while proxying")
             }
             Rejection::BadRequestBody { detail } => {
                 tracing::info!(service, path, error = %detail, "Malformed request")
@@ -124,7 +133,7 @@ impl Rejection {
                 tracing::info!(service, path, "Response exceeded max response limit")
             }
             Rejection::BufferFailed { detail } => {
-                tracing::error!(service, path, error = %detail, "Error buffering")
+                tracing::error!(service, path, error = %detail, "Error buffering response")
             }
             _ => {}
         }

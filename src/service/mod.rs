@@ -277,6 +277,7 @@ impl Service {
                     client_ip: client_ip.as_str(),
                     tls: conn.tls,
                     deadline,
+                    service: &self.name,
                 },
                 exchange,
             )
