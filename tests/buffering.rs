@@ -1,22 +1,20 @@
 //! `--buffer-requests` / `--buffer-responses` (upstream §4.8): limits, spilling to disk,
 //! the streaming exemptions, and malformed request bodies.
 
-mod common;
-
-use common::backend::{Backend, fnv1a};
-use common::raw;
-use common::{Proxy, client};
 use futures_util::{SinkExt, StreamExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use testkit::backend::{Backend, fnv1a};
+use testkit::raw;
+use testkit::{Proxy, client};
 use tokio::sync::mpsc;
 
 const HTML: &str = "text/html; charset=utf-8";
 
 async fn serve(extra: &[&str]) -> (Backend, Proxy) {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), extra);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &backend.target(), extra).await;
     (backend, proxy)
 }
 
@@ -180,12 +178,14 @@ async fn request_body_past_buffer_memory_spills_to_a_temp_file() {
     let spill = tempfile::tempdir().unwrap();
     let spill_dir = spill.path().canonicalize().unwrap();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[], &[("TMPDIR", spill_dir.to_str().unwrap())]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--buffer-requests", "--buffer-memory=1024"],
-    );
+    let proxy = Proxy::start_with(&[], &[("TMPDIR", spill_dir.to_str().unwrap())]).await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--buffer-requests", "--buffer-memory=1024"],
+        )
+        .await;
     let pid = proxy.pid().unwrap();
 
     let data = pattern(1024 * 1024);
@@ -239,12 +239,14 @@ async fn request_body_within_buffer_memory_stays_in_memory() {
     let spill = tempfile::tempdir().unwrap();
     let spill_dir = spill.path().canonicalize().unwrap();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[], &[("TMPDIR", spill_dir.to_str().unwrap())]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--buffer-requests", "--buffer-memory=4194304"],
-    );
+    let proxy = Proxy::start_with(&[], &[("TMPDIR", spill_dir.to_str().unwrap())]).await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--buffer-requests", "--buffer-memory=4194304"],
+        )
+        .await;
     let pid = proxy.pid().unwrap();
 
     let data = pattern(2 * 1024 * 1024);
@@ -266,12 +268,14 @@ async fn request_body_within_buffer_memory_stays_in_memory() {
 async fn unwritable_tmpdir_fails_only_bodies_that_spill() {
     let missing = tempfile::tempdir().unwrap().path().join("gone");
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[], &[("TMPDIR", missing.to_str().unwrap())]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--buffer-requests", "--buffer-memory=1024"],
-    );
+    let proxy = Proxy::start_with(&[], &[("TMPDIR", missing.to_str().unwrap())]).await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--buffer-requests", "--buffer-memory=1024"],
+        )
+        .await;
     let c = client();
     let resp = c
         .post(proxy.url("/echo"))
@@ -367,22 +371,26 @@ async fn without_buffering_no_limits_apply() {
     assert_eq!(resp.bytes().await.unwrap().len(), 100_000);
 
     // Without the buffering flag at all, the CLI refuses the limits.
-    let err = proxy.fails(&[
-        "deploy",
-        "other",
-        "--target=127.0.0.1:1",
-        "--max-request-body=10",
-    ]);
+    let err = proxy
+        .fails(&[
+            "deploy",
+            "other",
+            "--target=127.0.0.1:1",
+            "--max-request-body=10",
+        ])
+        .await;
     assert!(
         err.contains("max-request-body can only be set when request buffering is enabled"),
         "{err}"
     );
-    let err = proxy.fails(&[
-        "deploy",
-        "other",
-        "--target=127.0.0.1:1",
-        "--max-response-body=10",
-    ]);
+    let err = proxy
+        .fails(&[
+            "deploy",
+            "other",
+            "--target=127.0.0.1:1",
+            "--max-response-body=10",
+        ])
+        .await;
     assert!(
         err.contains("max-response-body can only be set when response buffering is enabled"),
         "{err}"
@@ -408,14 +416,11 @@ async fn malformed_chunked_body_is_400_without_buffering() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.header("content-type"), Some(HTML));
     assert_eq!(r.text(), "<h1>400 Bad Request</h1>");
-    assert!(
-        proxy.wait_for_log(
-            |l| l.contains("\"msg\":\"Request\"") && l.contains("\"status\":400"),
-            Duration::from_secs(10)
-        ),
-        "400 not logged: {}",
-        proxy.logs().join("\n")
-    );
+    proxy
+        .wait_for_log("\"msg\":\"Request\"", |l| {
+            l.contains("\"msg\":\"Request\"") && l.contains("\"status\":400")
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -449,12 +454,14 @@ async fn buffered_head_response_keeps_the_apps_length() {
 async fn unwritable_tmpdir_fails_only_responses_that_spill() {
     let missing = tempfile::tempdir().unwrap().path().join("gone");
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[], &[("TMPDIR", missing.to_str().unwrap())]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--buffer-responses", "--buffer-memory=1024"],
-    );
+    let proxy = Proxy::start_with(&[], &[("TMPDIR", missing.to_str().unwrap())]).await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--buffer-responses", "--buffer-memory=1024"],
+        )
+        .await;
     let c = client();
     let resp = c.get(proxy.url("/bytes/1000")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
@@ -488,8 +495,10 @@ async fn buffered_response_spills_to_disk_and_arrives_intact() {
 async fn app_failing_while_its_response_is_buffered_is_502() {
     let (addr, task) =
         raw::scripted_backend(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &addr.to_string(), &["--buffer-responses"]);
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy("app", &addr.to_string(), &["--buffer-responses"])
+        .await;
     let resp = client().get(proxy.url("/")).send().await.unwrap();
     assert_eq!(resp.status(), 502);
     assert!(resp.text().await.unwrap().contains("502 — Bad Gateway"));

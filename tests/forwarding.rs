@@ -2,19 +2,18 @@
 //! bodies streamed intact, timeouts and upstream failures, cancellation, upgrades,
 //! server-sent events and HTTP/1.0 (upstream §3.8–3.11, §4.7, §4.9).
 
-mod common;
-
-use common::backend::{Backend, fnv1a};
-use common::raw::{self, free_port};
-use common::{Proxy, client};
 use futures_util::{SinkExt, StreamExt};
 use std::time::{Duration, Instant};
+use testkit::backend::{Backend, fnv1a};
+use testkit::free_port;
+use testkit::raw;
+use testkit::{Proxy, client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn serve(extra: &[&str]) -> (Backend, Proxy) {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), extra);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &backend.target(), extra).await;
     (backend, proxy)
 }
 
@@ -299,13 +298,15 @@ async fn request_start_is_stamped_when_absent_and_kept_when_present() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kamal_target_names_the_chosen_target() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), &[]);
-    proxy.deploy(
-        "strict",
-        &backend.target(),
-        &["--host=strict.test", "--forward-headers=false"],
-    );
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &backend.target(), &[]).await;
+    proxy
+        .deploy(
+            "strict",
+            &backend.target(),
+            &["--host=strict.test", "--forward-headers=false"],
+        )
+        .await;
     let target = backend.target();
     let c = client();
 
@@ -482,10 +483,11 @@ async fn unreachable_target_answers_502_page() {
         !body.contains(&backend.target()),
         "the page must not leak the target: {body}"
     );
-    assert!(proxy.wait_for_log(
-        |l| l.contains("Error while proxying"),
-        Duration::from_secs(5)
-    ));
+    proxy
+        .wait_for_log("Error while proxying", |l| {
+            l.contains("Error while proxying")
+        })
+        .await;
 }
 
 /// A forced deploy installs a target that never became healthy: upstream routes nothing
@@ -493,8 +495,10 @@ async fn unreachable_target_answers_502_page() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forced_deploy_to_a_closed_port_answers_503_page() {
     let port = free_port();
-    let proxy = Proxy::start();
-    proxy.deploy("app", &format!("127.0.0.1:{port}"), &["--force"]);
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy("app", &format!("127.0.0.1:{port}"), &["--force"])
+        .await;
     let resp = client().get(proxy.url("/")).send().await.unwrap();
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["content-type"], "text/html; charset=utf-8");
@@ -668,8 +672,8 @@ async fn http10_backend() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_http10_upstream_is_answered_in_our_own_version() {
     let (addr, task) = http10_backend().await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &addr.to_string(), &[]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &addr.to_string(), &[]).await;
     let mut s = raw::connect(proxy.http_port).await;
     s.write_all(b"GET / HTTP/1.1\r\nHost: app.test\r\n\r\n")
         .await
@@ -702,8 +706,8 @@ async fn an_http10_upstream_is_answered_in_our_own_version() {
 
 async fn scripted(answer: &'static [u8]) -> (Proxy, tokio::task::JoinHandle<()>) {
     let (addr, task) = raw::scripted_backend(answer).await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &addr.to_string(), &[]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &addr.to_string(), &[]).await;
     (proxy, task)
 }
 
@@ -893,24 +897,28 @@ async fn http10_request_without_host_reaches_the_catch_all_service() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn client_ip_header_replaces_x_forwarded_for() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &[
-            "--host=trusting.test",
-            "--client-ip-header=CF-Connecting-IP",
-        ],
-    );
-    proxy.deploy(
-        "strict",
-        &backend.target(),
-        &[
-            "--host=strict.test",
-            "--client-ip-header=CF-Connecting-IP",
-            "--forward-headers=false",
-        ],
-    );
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                "--host=trusting.test",
+                "--client-ip-header=CF-Connecting-IP",
+            ],
+        )
+        .await;
+    proxy
+        .deploy(
+            "strict",
+            &backend.target(),
+            &[
+                "--host=strict.test",
+                "--client-ip-header=CF-Connecting-IP",
+                "--forward-headers=false",
+            ],
+        )
+        .await;
     let r = raw::send(
         proxy.http_port,
         b"GET /echo?trusting HTTP/1.1\r\nHost: trusting.test\r\nX-Forwarded-For: 1.2.3.4\r\nCF-Connecting-IP: 9.9.9.9\r\n\r\n",

@@ -2,8 +2,7 @@
 //! for the faults a real engine cannot be made to produce (403, huge 500 bodies,
 //! redirects, a failing `/version`, silence).
 
-#[path = "common/docker.rs"]
-mod docker_support;
+use testkit::docker as docker_support;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

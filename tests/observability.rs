@@ -1,12 +1,11 @@
 //! What operators see (upstream §7): the access log line, slog's line shape, the liveness
 //! ping, and the Prometheus endpoint.
 
-mod common;
-
-use common::backend::Backend;
-use common::raw::{self, free_port};
-use common::{Proxy, client};
 use std::time::{Duration, Instant};
+use testkit::backend::Backend;
+use testkit::free_port;
+use testkit::raw;
+use testkit::{Proxy, client};
 use tokio::io::AsyncWriteExt;
 
 /// The top-level keys of a JSON object, in the order they appear in the raw text.
@@ -115,17 +114,19 @@ const ACCESS_KEYS: [&str; 23] = [
 async fn access_log_line_has_upstreams_keys_in_order() {
     let port = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--http-port={port}")], &[]);
+    let proxy = Proxy::start_with(&[&format!("--http-port={port}")], &[]).await;
     assert_eq!(proxy.http_port, port);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &[
-            "--log-request-header=X-Custom",
-            "--log-response-header=Cache-Control",
-            "--log-response-header=X-App",
-        ],
-    );
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                "--log-request-header=X-Custom",
+                "--log-response-header=Cache-Control",
+                "--log-response-header=X-App",
+            ],
+        )
+        .await;
     let query =
         "cache-control=no-cache&x-app=a&x-app=b&content-type=text/plain%3B%20charset%3Dutf-8";
     let mut s = raw::connect(port).await;
@@ -176,12 +177,14 @@ x-custom: c2\r\nX-Request-ID: req-1\r\n\r\nhello"
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn access_log_values_for_unrouted_requests_and_bodies() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--host=app.test", "--log-request-header=X-Missing"],
-    );
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--host=app.test", "--log-request-header=X-Missing"],
+        )
+        .await;
 
     let r = raw::send(
         proxy.http_port,
@@ -234,8 +237,8 @@ async fn access_log_values_for_unrouted_requests_and_bodies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn access_log_path_is_decoded_and_query_raw() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), &[]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &backend.target(), &[]).await;
     let r = raw::send(
         proxy.http_port,
         b"GET /caf%C3%A9%20menu?q=%C3%A9+x HTTP/1.1\r\nHost: app.test\r\n\r\n",
@@ -250,8 +253,10 @@ async fn access_log_path_is_decoded_and_query_raw() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_stdout_line_is_slog_json_with_time_level_msg_first() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), &["--host=app.test"]);
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy("app", &backend.target(), &["--host=app.test"])
+        .await;
     let c = client();
     c.get(proxy.url("/"))
         .header("host", "app.test")
@@ -263,8 +268,8 @@ async fn every_stdout_line_is_slog_json_with_time_level_msg_first() {
         .send()
         .await
         .unwrap();
-    proxy.ok(&["stop", "app", "--drain-timeout=1s"]);
-    proxy.ok(&["resume", "app"]);
+    proxy.ok(&["stop", "app", "--drain-timeout=1s"]).await;
+    proxy.ok(&["resume", "app"]).await;
     raw_access_line(&proxy, "/");
     let lines: Vec<String> = proxy
         .logs()
@@ -298,7 +303,7 @@ async fn every_stdout_line_is_slog_json_with_time_level_msg_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ping_answers_on_any_host_and_is_not_logged_or_routed() {
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let resp = client()
         .get(proxy.url("/.kamal-proxy/ping"))
         .header("host", "anything.test")
@@ -309,7 +314,7 @@ async fn ping_answers_on_any_host_and_is_not_logged_or_routed() {
     assert_eq!(resp.headers()["cache-control"], "no-store");
 
     let backend = Backend::start("app").await;
-    proxy.deploy("app", &backend.target(), &[]);
+    proxy.deploy("app", &backend.target(), &[]).await;
     let hits = backend.hits();
     for host in ["app.test", "other.test:8080"] {
         let resp = client()
@@ -378,12 +383,14 @@ async fn wait_for_sample(port: u16, series: &str, value: f64) -> String {
 async fn metrics_count_requests_by_service_method_and_status() {
     let metrics = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--host=app.test", "--exclude-metrics-path=/up2"],
-    );
+    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]).await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--host=app.test", "--exclude-metrics-path=/up2"],
+        )
+        .await;
     let c = client();
     let send = |method: &str, path: &str, host: &str| {
         c.request(
@@ -480,8 +487,8 @@ async fn metrics_count_requests_by_service_method_and_status() {
 async fn metrics_are_served_on_every_path() {
     let metrics = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]);
-    proxy.deploy("app", &backend.target(), &[]);
+    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]).await;
+    proxy.deploy("app", &backend.target(), &[]).await;
     client().get(proxy.url("/")).send().await.unwrap();
     let series = r#"kamal_proxy_http_requests_total{method="GET",service="app",status="200"}"#;
     wait_for_sample(metrics, series, 1.0).await;
@@ -493,10 +500,11 @@ async fn metrics_are_served_on_every_path() {
             "{path}"
         );
     }
-    assert!(proxy.wait_for_log(
-        |l| l.contains("\"msg\":\"Metrics enabled\""),
-        Duration::from_secs(5)
-    ));
+    proxy
+        .wait_for_log("\"msg\":\"Metrics enabled\"", |l| {
+            l.contains("\"msg\":\"Metrics enabled\"")
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -504,13 +512,17 @@ async fn in_flight_gauge_tracks_requests_until_they_finish() {
     let metrics = free_port();
     let loud = Backend::start("loud").await;
     let quiet = Backend::start("quiet").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]);
-    proxy.deploy("app", &loud.target(), &["--host=app.test"]);
-    proxy.deploy(
-        "quiet",
-        &quiet.target(),
-        &["--host=quiet.test", "--exclude-metrics-path=/slow"],
-    );
+    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]).await;
+    proxy
+        .deploy("app", &loud.target(), &["--host=app.test"])
+        .await;
+    proxy
+        .deploy(
+            "quiet",
+            &quiet.target(),
+            &["--host=quiet.test", "--exclude-metrics-path=/slow"],
+        )
+        .await;
 
     let c = client();
     let quiet_req = tokio::spawn(
@@ -561,8 +573,8 @@ async fn in_flight_gauge_tracks_requests_until_they_finish() {
 async fn client_cancellations_count_as_499() {
     let metrics = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]);
-    proxy.deploy("app", &backend.target(), &[]);
+    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]).await;
+    proxy.deploy("app", &backend.target(), &[]).await;
     let mut s = raw::connect(proxy.http_port).await;
     s.write_all(b"GET /slow?ms=20000 HTTP/1.1\r\nHost: app.test\r\n\r\n")
         .await
@@ -590,8 +602,8 @@ async fn client_cancellations_count_as_499() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn debug_flag_is_accepted() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&["--debug"], &[]);
-    proxy.deploy("app", &backend.target(), &[]);
+    let proxy = Proxy::start_with(&["--debug"], &[]).await;
+    proxy.deploy("app", &backend.target(), &[]).await;
     let resp = client().get(proxy.url("/")).send().await.unwrap();
     assert_eq!(resp.text().await.unwrap(), "app");
     raw_access_line(&proxy, "/");

@@ -5,16 +5,15 @@
 //! CI can sweep leftovers: `docker rm -f $(docker ps -aq --filter label=kamal-proxy-test=1)`.
 //! The shared image is left in place for the next test process (it is tiny).
 
-// Each test crate includes this file and uses a different subset of it.
-#![allow(dead_code)]
-
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::ports::free_port;
 
 pub const TEST_IMAGE: &str = "kamal-proxy-test-busybox:latest";
 pub const TEST_LABEL: &str = "kamal-proxy-test=1";
@@ -295,13 +294,6 @@ pub fn wait_until_ready(container: &TestContainer) -> Result<(), String> {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .expect("bind an ephemeral loopback port")
-        .port()
-}
-
 /// Unique across threads and concurrent test processes.
 fn unique_suffix() -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -367,7 +359,7 @@ pub fn test_backend_binary() -> std::path::PathBuf {
             }
             let status = Command::new(env!("CARGO"))
                 .args(&args)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .current_dir(crate::workspace_root())
                 .status()
                 .expect("run cargo build --example test_backend");
             assert!(status.success(), "building the test_backend example failed");
