@@ -437,15 +437,17 @@ async fn failed_issuance_is_logged_with_its_reason_and_backs_off() {
     );
     assert_eq!(v["retry_in"], "1m0s");
 
-    // Within the backoff, handshakes fail at once without a new order.
+    // Within the backoff, handshakes fail without a new order. Issuance runs inside the
+    // handshake, so by the time the client sees the failure any attempt has been logged.
     let attempts = |p: &Proxy| {
         p.logs()
             .iter()
-            .filter(|l| l.contains("ACME challenge failed"))
+            .filter(|l| {
+                l.contains("ACME challenge failed") || l.contains("Unable to obtain certificate")
+            })
             .count()
     };
     let before = attempts(&proxy);
-    let started = Instant::now();
     assert!(
         client(&root, "fail.test", https)
             .get(&url)
@@ -453,7 +455,5 @@ async fn failed_issuance_is_logged_with_its_reason_and_backs_off() {
             .await
             .is_err()
     );
-    assert!(started.elapsed() < Duration::from_secs(2));
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(attempts(&proxy), before);
 }

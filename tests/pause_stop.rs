@@ -17,28 +17,30 @@ fn spawn_get(
     tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, host.as_deref()).await })
 }
 
-/// A request that should be held: still unanswered after a while.
-async fn assert_held<T>(handle: &tokio::task::JoinHandle<T>) {
-    tokio::time::sleep(Duration::from_millis(400)).await;
+/// Requests that should be held: the proxy counts them in flight for `app` (so they
+/// arrived), the target has seen none of them, and none has been answered.
+async fn assert_held<T>(proxy: &Proxy, app: &Backend, handles: &[tokio::task::JoinHandle<T>]) {
+    let n = handles.len() as f64;
+    proxy
+        .wait_for_metric("kamal_proxy_http_in_flight_requests{service=\"app\"}", n)
+        .await;
+    assert_eq!(app.hits(), 0, "nothing reaches the target while paused");
     assert!(
-        !handle.is_finished(),
-        "the request should be held while paused"
+        handles.iter().all(|h| !h.is_finished()),
+        "the requests should be held while paused"
     );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pause_holds_requests_until_resume() {
     let app = Backend::start("app").await;
-    let proxy = Proxy::start().await;
+    let proxy = Proxy::start_with_metrics(&[], &[]).await;
     proxy.deploy("app", &app.target(), &[]).await;
 
     assert_eq!(proxy.ok(&["pause", "app", "--drain-timeout=1s"]).await, "");
     assert_eq!(proxy.list_rows().await[0][4], "paused");
     let held = [spawn_get(&proxy, "", "/"), spawn_get(&proxy, "", "/echo")];
-    for h in &held {
-        assert_held(h).await;
-    }
-    assert_eq!(app.hits(), 0, "nothing reaches the target while paused");
+    assert_held(&proxy, &app, &held).await;
 
     assert_eq!(proxy.ok(&["resume", "app"]).await, "");
     for h in held {
@@ -127,15 +129,15 @@ async fn stop_message_replaces_the_page_text() {
 #[tokio::test(flavor = "multi_thread")]
 async fn stop_releases_held_requests_with_503() {
     let app = Backend::start("app").await;
-    let proxy = Proxy::start().await;
+    let proxy = Proxy::start_with_metrics(&[], &[]).await;
     proxy.deploy("app", &app.target(), &[]).await;
     proxy
         .ok(&["pause", "app", "--drain-timeout=1s", "--max-pause=30s"])
         .await;
-    let held = spawn_get(&proxy, "", "/");
-    assert_held(&held).await;
+    let held = [spawn_get(&proxy, "", "/")];
+    assert_held(&proxy, &app, &held).await;
+    let [held] = held;
 
-    let started = std::time::Instant::now();
     proxy
         .ok(&[
             "stop",
@@ -144,12 +146,8 @@ async fn stop_releases_held_requests_with_503() {
             "--message=Gone fishing",
         ])
         .await;
-    let r = tokio::time::timeout(Duration::from_secs(10), held)
-        .await
-        .expect("released long before --max-pause")
-        .unwrap()
-        .unwrap();
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // Released by the stop (503 with its message), not by --max-pause (a 504).
+    let r = held.await.unwrap().unwrap();
     assert_eq!(r.status, 503);
     assert!(r.body.contains("Gone fishing"), "{}", r.body);
     assert_eq!(app.hits(), 0);

@@ -262,6 +262,35 @@ impl Proxy {
         format!("http://127.0.0.1:{port}/metrics")
     }
 
+    /// The current value of one Prometheus sample (`name{labels}` exactly as exposed),
+    /// or None while it is absent.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let text = client()
+            .get(self.metrics_url())
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines().find_map(|line| {
+            let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+            value.trim().parse().ok()
+        })
+    }
+
+    /// Waits until a Prometheus sample shows `value` (a positive signal: the server
+    /// counted it).
+    pub async fn wait_for_metric(&self, series: &str, value: f64) {
+        poll_until(&format!("{series} to be {value}"), PATIENCE, || async {
+            match self.metric(series).await {
+                Some(v) if v == value => Ok(()),
+                other => Err(other),
+            }
+        })
+        .await
+    }
+
     /// Everything the server wrote so far, one line each (stderr prefixed `stderr: `).
     pub fn logs(&self) -> Vec<String> {
         self.log.lines()
