@@ -103,12 +103,9 @@ async fn force_skips_the_health_wait() {
         &sick.target(),
         &["--force", "--deploy-timeout=30s", FAST_HEALTH[0]],
     );
-    let started = Instant::now();
+    // --force must not wait for health: a deploy that waited would fail (exit 1) when
+    // the 30 s deploy timeout ran out, since the target never turns healthy here.
     proxy.ok(&strs(&args)).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "--force must not wait for health"
-    );
     let rows = proxy.list_rows().await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0][3], sick.target());
@@ -307,20 +304,23 @@ async fn drain_timeout_cancels_a_request_that_is_too_slow() {
     })
     .await;
 
-    let started = Instant::now();
     let args = deploy_args(
         "app",
         &new.target(),
         &["--drain-timeout=300ms", FAST_HEALTH[0]],
     );
     proxy.ok(&strs(&args)).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(6),
-        "deploy waited for the drain timeout only"
-    );
 
+    // The drain timeout ended the drain, not the request: it was cut off (504, and
+    // the old target saw its caller go) instead of answered after its 8 s.
     let r = slow.await.unwrap().expect("the client gets an answer");
     assert_eq!(r.status, 504, "{r:?}");
+    poll_until(
+        "the old target to see the slow request abandoned",
+        Duration::from_secs(10),
+        || async { old.slow_cancelled() == 1 },
+    )
+    .await;
     assert_eq!(r.header("content-type"), "text/html; charset=utf-8");
     assert_eq!(proxy.get("", "/").await.body, "new");
 }
@@ -558,23 +558,17 @@ async fn a_long_deploy_does_not_block_other_commands() {
     })
     .await;
 
-    // While it waits for health: list, another deploy and a pause all answer.
-    let started = Instant::now();
-    {
-        assert_eq!(proxy.list_rows().await.len(), 1);
-        proxy
-            .deploy("third", &other.target(), &["--host=third.test"])
-            .await;
-        proxy.ok(&["pause", "other", "--drain-timeout=1s"]).await;
-        proxy.ok(&["resume", "other"]).await;
-    };
+    // While it waits for health: list, another deploy and a pause all answer, and
+    // finish before it does (commands queued behind it would end after it).
+    assert_eq!(proxy.list_rows().await.len(), 1);
+    proxy
+        .deploy("third", &other.target(), &["--host=third.test"])
+        .await;
+    proxy.ok(&["pause", "other", "--drain-timeout=1s"]).await;
+    proxy.ok(&["resume", "other"]).await;
     assert!(
         !slow_deploy.is_finished(),
-        "the slow deploy is still waiting"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "commands were not held up"
+        "the slow deploy is still waiting: commands were not held up"
     );
     assert_eq!(proxy.get("third.test", "/").await.body, "other");
 

@@ -477,10 +477,9 @@ async fn request_deadline_answers_504_including_holds_and_exempts_streams() {
     p.deploy("app", &b.target(), &["--request-timeout=400ms"])
         .await;
 
-    let started = Instant::now();
+    // No other timeout is shorter than the 3 s answer: a 504 is the deadline firing.
     let r = http.get(p.url("/slow?ms=3000")).send().await.unwrap();
     assert_eq!(r.status(), 504);
-    assert!(started.elapsed() < Duration::from_millis(2500));
     assert_eq!(status(http.get(p.url("/slow?ms=50"))).await, 200);
 
     // While paused, the hold counts against the deadline; an event stream is exempt and
@@ -497,13 +496,16 @@ async fn request_deadline_answers_504_including_holds_and_exempts_streams() {
                 .map(|r| r.status())
         })
     };
+    let from = p.logs().len();
     let started = Instant::now();
     assert_eq!(status(http.get(p.url("/"))).await, 504);
     let waited = started.elapsed();
-    assert!(
-        waited >= Duration::from_millis(350) && waited < Duration::from_millis(2500),
-        "{waited:?}"
-    );
+    assert!(waited >= Duration::from_millis(350), "{waited:?}");
+    // The deadline answered it, not the pause's own expiry.
+    p.wait_for_log_after(from, "the deadline firing for the held request", |l| {
+        l.contains("Request deadline exceeded") && l.contains("\"path\":\"/\"")
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     p.ok(&["resume", "app"]).await;
     assert_eq!(held.await.unwrap().unwrap(), 200);
@@ -767,7 +769,6 @@ async fn the_deadline_cuts_a_slow_body_off_but_not_an_event_stream() {
         .await;
 
     // Headers in time, body too slow: the body is cut off at the deadline.
-    let started = Instant::now();
     let r = http
         .get(p.url("/drip?n=10&interval_ms=200"))
         .send()
@@ -775,7 +776,6 @@ async fn the_deadline_cuts_a_slow_body_off_but_not_an_event_stream() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.text().await.is_err(), "the body is truncated");
-    assert!(started.elapsed() < Duration::from_millis(1500));
 
     // A response that turns out to be an event stream stops the deadline.
     let r = http
