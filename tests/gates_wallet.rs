@@ -160,10 +160,8 @@ async fn a_deadline_that_fires_during_a_wake_answers_504_and_the_wake_completes(
         r.text().await.unwrap().contains("504"),
         "with the 504 page, not an empty body"
     );
-    assert!(
-        waited >= Duration::from_millis(700) && waited < Duration::from_millis(2400),
-        "{waited:?}"
-    );
+    // A 504, not the app's 200 after its 2.5 s boot: the deadline fired first.
+    assert!(waited >= Duration::from_millis(700), "{waited:?}");
 
     // The wake is detached from the request: it completes, and the next request is served.
     let deadline = Instant::now() + Duration::from_secs(30);

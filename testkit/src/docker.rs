@@ -247,6 +247,73 @@ pub fn start_events_since(name: &str, since_unix: i64) -> usize {
         .count()
 }
 
+/// How many times the container was started since `since_unix`, read from the engine's
+/// event stream up to a marker event this call causes itself (a labelled volume created
+/// and removed). The marker is the positive signal: every start the engine recorded
+/// before it is counted, so "none" means none happened, with no waiting and hoping.
+pub async fn starts_before_marker(name: &str, since_unix: i64) -> usize {
+    let marker = format!("kamal-proxy-test-marker-{}", unique_suffix());
+    let docker = |args: Vec<String>| async move {
+        let out = tokio::process::Command::new("docker")
+            .args(&args)
+            .output()
+            .await
+            .expect("run the docker CLI");
+        assert!(
+            out.status.success(),
+            "docker {} failed: {}",
+            args.join(" "),
+            stderr(&out)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    docker(owned(&["volume", "create", "--label", TEST_LABEL, &marker])).await;
+    docker(owned(&["volume", "rm", &marker])).await;
+    crate::poll_until(
+        "the engine's event stream to reach the marker",
+        Duration::from_secs(20),
+        || {
+            let args = owned(&[
+                "events",
+                "--since",
+                &since_unix.to_string(),
+                "--until",
+                &until_now(),
+                "--filter",
+                "type=container",
+                "--filter",
+                "type=volume",
+                "--format",
+                "{{.Type}} {{.Action}} {{.Actor.ID}} {{index .Actor.Attributes \"name\"}}",
+            ]);
+            let marker = marker.clone();
+            async move {
+                let mut starts = 0;
+                for line in docker(args).await.lines() {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    match fields.as_slice() {
+                        ["volume", "create", id, ..] if *id == marker => return Some(starts),
+                        ["container", "start", _, n] if *n == name => starts += 1,
+                        _ => {}
+                    }
+                }
+                None
+            }
+        },
+    )
+    .await
+}
+
+/// Fractional "now" for `docker events --until`: a whole-second bound would either cut
+/// off this second's events or, rounded up, make `docker events` wait for the future.
+fn until_now() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    format!("{}.{:09}", now.as_secs(), now.subsec_nanos())
+}
+
 pub fn now_unix() -> i64 {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
