@@ -5,10 +5,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::free_port;
 use testkit::pebble::{Pebble, available};
 use testkit::{Proxy, backend::Backend};
+use tokio::time::Instant;
 
 /// A proxy on fixed ports (pebble must know them) using pebble as its ACME directory.
 async fn proxy_for(pebble: &Pebble, http: u16, https: u16) -> Proxy {

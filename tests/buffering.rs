@@ -3,11 +3,12 @@
 
 use futures_util::{SinkExt, StreamExt};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::backend::{Backend, fnv1a};
 use testkit::raw;
-use testkit::{Proxy, client};
+use testkit::{Proxy, client, poll_until};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 const HTML: &str = "text/html; charset=utf-8";
 
@@ -193,19 +194,11 @@ async fn request_body_past_buffer_memory_spills_to_a_temp_file() {
     let send = tokio::spawn(client().post(proxy.url("/echo")).body(body).send());
     tx.send(data[..512 * 1024].to_vec()).await.unwrap();
     // While the body is still arriving, the proxy holds a file in $TMPDIR.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let files = loop {
+    let files = poll_until("a spill file opened", Duration::from_secs(10), || async {
         let files = open_files_below(pid, &spill_dir);
-        if !files.is_empty() {
-            break files;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no spill file opened under {}",
-            spill_dir.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        (!files.is_empty()).then_some(files)
+    })
+    .await;
     assert!(
         files.iter().all(|f| f.ends_with("(deleted)")),
         "spill files must be unlinked: {files:?}"
@@ -224,14 +217,12 @@ async fn request_body_past_buffer_memory_spills_to_a_temp_file() {
     assert_eq!(echo["body_len"], data.len());
     assert_eq!(echo["body_fnv"], fnv_hex(&data).as_str());
     // The file goes away with the request.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !open_files_below(pid, &spill_dir).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "spill file still open after the request"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(
+        "the spill file to close with the request",
+        Duration::from_secs(10),
+        || async { open_files_below(pid, &spill_dir).is_empty() },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::{Proxy, backend::Backend, client, poll_until, send};
+use tokio::time::Instant;
 
 const FAST_HEALTH: [&str; 2] = ["--health-check-interval=100ms", "--health-check-timeout=1s"];
 

@@ -2,9 +2,9 @@
 //! templates, and what happens when they cannot be loaded.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::backend::Backend;
-use testkit::{Proxy, client};
+use testkit::{Proxy, client, poll_until};
 
 const HTML: &str = "text/html; charset=utf-8";
 
@@ -27,11 +27,12 @@ async fn get(url: String, host: Option<&str>) -> (u16, String, String) {
 /// connections.
 async fn stop_listening(backend: &Backend) {
     backend.kill();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(backend.addr).await.is_ok() {
-        assert!(Instant::now() < deadline, "backend still accepting");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(
+        "the backend to refuse connections",
+        Duration::from_secs(10),
+        || async { tokio::net::TcpStream::connect(backend.addr).await.is_err() },
+    )
+    .await;
 }
 
 fn pages_dir(files: &[(&str, &str)]) -> tempfile::TempDir {

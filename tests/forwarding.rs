@@ -3,12 +3,13 @@
 //! server-sent events and HTTP/1.0 (upstream §3.8–3.11, §4.7, §4.9).
 
 use futures_util::{SinkExt, StreamExt};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::backend::{Backend, fnv1a};
 use testkit::free_port;
 use testkit::raw;
 use testkit::{Proxy, client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
 
 async fn serve(extra: &[&str]) -> (Backend, Proxy) {
     let backend = Backend::start("app").await;
@@ -18,23 +19,18 @@ async fn serve(extra: &[&str]) -> (Backend, Proxy) {
 }
 
 /// Waits until `pred` holds for an access-log line, or fails with the logs.
-fn wait_access(
+async fn wait_access(
     proxy: &Proxy,
     what: &str,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(line) = proxy.access_log().into_iter().find(|l| pred(l)) {
-            return line;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no access-log line {what}; logs:\n{}",
-            proxy.logs().join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let line = proxy
+        .wait_for_log(&format!("an access-log line {what}"), |l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .is_ok_and(|v| v["msg"] == "Request" && pred(&v))
+        })
+        .await;
+    serde_json::from_str(&line).expect("a JSON log line")
 }
 
 fn header<'a>(echo: &'a serde_json::Value, name: &str) -> Option<&'a str> {
@@ -247,9 +243,9 @@ async fn request_id_is_generated_when_absent_and_kept_when_present() {
     assert_eq!(header(&echo, "x-request-id"), Some("1234"));
 
     // The access log names the id actually used.
-    let line = wait_access(&proxy, "for ?first", |l| l["query"] == "first");
+    let line = wait_access(&proxy, "for ?first", |l| l["query"] == "first").await;
     assert_eq!(line["request_id"], id.as_str());
-    let line = wait_access(&proxy, "for ?kept", |l| l["query"] == "kept");
+    let line = wait_access(&proxy, "for ?kept", |l| l["query"] == "kept").await;
     assert_eq!(line["request_id"], "1234");
 }
 
@@ -374,7 +370,7 @@ async fn query_string_is_forwarded_verbatim() {
     assert_eq!(r.status, 200, "{}", r.text());
     let echo = r.json();
     assert_eq!(echo["uri"], "/echo?p1=a;b;c&p2=%x&p3=%20+&&p4", "{echo}");
-    let line = wait_access(&proxy, "for /echo", |l| l["path"] == "/echo");
+    let line = wait_access(&proxy, "for /echo", |l| l["path"] == "/echo").await;
     assert_eq!(line["query"], "p1=a;b;c&p2=%x&p3=%20+&&p4");
 }
 
@@ -421,7 +417,7 @@ async fn large_response_arrives_complete() {
         total += chunk.len();
     }
     assert_eq!(total, N);
-    let line = wait_access(&proxy, "for /bytes", |l| l["path"] == format!("/bytes/{N}"));
+    let line = wait_access(&proxy, "for /bytes", |l| l["path"] == format!("/bytes/{N}")).await;
     assert_eq!(line["resp_content_length"], N);
 }
 
@@ -547,7 +543,7 @@ async fn client_disconnect_cancels_the_upstream_request() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop(s);
     // Long before the 20 s answer: the proxy logs 499 and hangs up on the upstream.
-    let line = wait_access(&proxy, "for /slow", |l| l["path"] == "/slow");
+    let line = wait_access(&proxy, "for /slow", |l| l["path"] == "/slow").await;
     assert_eq!(line["status"], 499, "{line}");
     assert_eq!(line["service"], "app");
     while backend.slow_cancelled() == 0 {
@@ -584,7 +580,7 @@ async fn websocket_echo_through_the_proxy() {
     assert_eq!(got.unwrap().unwrap(), Message::binary(vec![0u8, 1, 2, 255]));
     ws.close(None).await.unwrap();
     drop(ws);
-    let line = wait_access(&proxy, "for /ws", |l| l["path"] == "/ws");
+    let line = wait_access(&proxy, "for /ws", |l| l["path"] == "/ws").await;
     assert_eq!(line["status"], 101, "{line}");
 }
 
@@ -640,7 +636,7 @@ async fn http10_client_is_served() {
     let echo: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(echo["method"], "GET");
     assert_eq!(echo["headers"]["host"], "app.test");
-    let line = wait_access(&proxy, "for /echo", |l| l["path"] == "/echo");
+    let line = wait_access(&proxy, "for /echo", |l| l["path"] == "/echo").await;
     assert_eq!(line["proto"], "HTTP/1.0");
 }
 
@@ -937,7 +933,7 @@ async fn client_ip_header_replaces_x_forwarded_for() {
         "{echo}"
     );
     assert_eq!(header(&echo, "cf-connecting-ip"), Some("9.9.9.9"));
-    let line = wait_access(&proxy, "for ?trusting", |l| l["query"] == "trusting");
+    let line = wait_access(&proxy, "for ?trusting", |l| l["query"] == "trusting").await;
     assert_eq!(line["remote_addr"], "9.9.9.9");
 
     let r = raw::send(
@@ -951,7 +947,7 @@ async fn client_ip_header_replaces_x_forwarded_for() {
         Some("127.0.0.1"),
         "{echo}"
     );
-    let line = wait_access(&proxy, "for ?strict", |l| l["query"] == "strict");
+    let line = wait_access(&proxy, "for ?strict", |l| l["query"] == "strict").await;
     assert_eq!(line["remote_addr"], "9.9.9.9");
 }
 

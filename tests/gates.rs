@@ -3,9 +3,10 @@
 //! the request deadline, their order, custom error pages, validation and persistence.
 
 use reqwest::{Method, StatusCode};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::backend::Backend;
 use testkit::{Proxy, client};
+use tokio::time::Instant;
 
 /// `::1` is usable (the proxy listens dual-stack); IPv6 tests skip with a message when not.
 fn ipv6_available() -> bool {

@@ -3,9 +3,10 @@
 //! sleeping service's container; and a request deadline that fires while a request is
 //! held for a wake answers 504, never an empty 200.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::docker::{self, TestContainer};
 use testkit::{Proxy, client};
+use tokio::time::Instant;
 
 async fn proxy() -> Proxy {
     let socket = format!("--docker-socket={}", docker::docker_socket_path().display());

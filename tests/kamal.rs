@@ -8,10 +8,11 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::docker;
 use testkit::kamal::{self, APPS_CONFIG, App, Deploy, KamalHost};
 use testkit::{client, send};
+use tokio::time::Instant;
 
 const APP_HOST: &str = "app.example.com";
 const ACCESSORY_HOST: &str = "busybox.example.com";

@@ -6,7 +6,8 @@ use testkit::docker as docker_support;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use docker_support::{TestContainer, is_running, require_docker, run_container, run_httpd};
 use kamal_proxy::lifecycle::docker::{DockerLifecycle, check_socket_path, connect};

@@ -338,7 +338,7 @@ async fn pause_returns_after_in_flight_requests_finish() {
     let app = Backend::start("app").await;
     let proxy = Proxy::start().await;
     proxy.deploy("app", &app.target(), &[]).await;
-    let sent = std::time::Instant::now();
+    let sent = tokio::time::Instant::now();
     let slow = spawn_get(&proxy, "", "/slow?ms=1000");
     poll_until("app.hits() == 1", Duration::from_secs(5), || async {
         app.hits() == 1

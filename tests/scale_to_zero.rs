@@ -2,9 +2,10 @@
 //! its container stopped; the next request is held, the container starts, and the request
 //! goes through. The app is the real test backend running inside a container.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::docker::{self, TestContainer};
 use testkit::{Proxy, backend::fnv1a, client};
+use tokio::time::Instant;
 
 /// A proxy with scale-to-zero enabled against the engine the tests use.
 async fn proxy() -> Proxy {
