@@ -364,9 +364,11 @@ async fn wait_for_sample(port: u16, series: &str, value: f64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_count_requests_by_service_method_and_status() {
-    let metrics = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]).await;
+    let proxy = Proxy::start_with_metrics(&[], &[]).await;
+    let metrics = proxy
+        .metrics_port
+        .expect("metrics port in the start-up line");
     proxy
         .deploy(
             "app",
@@ -469,9 +471,11 @@ async fn metrics_count_requests_by_service_method_and_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_are_served_on_every_path() {
-    let metrics = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]).await;
+    let proxy = Proxy::start_with_metrics(&[], &[]).await;
+    let metrics = proxy
+        .metrics_port
+        .expect("metrics port in the start-up line");
     proxy.deploy("app", &backend.target(), &[]).await;
     client().get(proxy.url("/")).send().await.unwrap();
     let series = r#"kamal_proxy_http_requests_total{method="GET",service="app",status="200"}"#;
@@ -484,19 +488,29 @@ async fn metrics_are_served_on_every_path() {
             "{path}"
         );
     }
+    // Both start-up lines name the port actually bound.
+    let address = format!("\"address\":\":{metrics}\"");
     proxy
-        .wait_for_log("\"msg\":\"Metrics enabled\"", |l| {
-            l.contains("\"msg\":\"Metrics enabled\"")
+        .wait_for_log("Metrics enabled with its port", |l| {
+            l.contains("\"msg\":\"Metrics enabled\"") && l.contains(&address)
+        })
+        .await;
+    let started = format!("\"metrics\":{metrics}");
+    proxy
+        .wait_for_log("Server started with the metrics port", |l| {
+            l.contains("\"msg\":\"Server started\"") && l.contains(&started)
         })
         .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_flight_gauge_tracks_requests_until_they_finish() {
-    let metrics = free_port();
     let loud = Backend::start("loud").await;
     let quiet = Backend::start("quiet").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]).await;
+    let proxy = Proxy::start_with_metrics(&[], &[]).await;
+    let metrics = proxy
+        .metrics_port
+        .expect("metrics port in the start-up line");
     proxy
         .deploy("app", &loud.target(), &["--host=app.test"])
         .await;
@@ -556,9 +570,11 @@ async fn in_flight_gauge_tracks_requests_until_they_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn client_cancellations_count_as_499() {
-    let metrics = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]).await;
+    let proxy = Proxy::start_with_metrics(&[], &[]).await;
+    let metrics = proxy
+        .metrics_port
+        .expect("metrics port in the start-up line");
     proxy.deploy("app", &backend.target(), &[]).await;
     let mut s = raw::connect(proxy.http_port).await;
     s.write_all(b"GET /slow?ms=20000 HTTP/1.1\r\nHost: app.test\r\n\r\n")
