@@ -410,7 +410,7 @@ pub fn docker_socket_path() -> std::path::PathBuf {
         .unwrap_or_else(|| "/var/run/docker.sock".into())
 }
 
-/// The `test_backend` example binary (tests/common/backend.rs as a program), built on
+/// The `test_backend` example binary (testkit/src/backend.rs as a program), built on
 /// demand so a single `cargo test --test …` works too.
 pub fn test_backend_binary() -> std::path::PathBuf {
     static BUILT: OnceLock<std::path::PathBuf> = OnceLock::new();
