@@ -8,13 +8,10 @@
 //! Tracking cost = requests/s through a service with sleep enabled (never idle long
 //! enough to sleep) ÷ the same without, same proxy, same backend, runs interleaved.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
-use common::docker::{self, TestContainer};
-use common::{Proxy, client};
 use kamal_proxy::lifecycle::ContainerLifecycle;
 use std::time::{Duration, Instant};
+use testkit::docker::{self, TestContainer};
+use testkit::{Proxy, client};
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -61,8 +58,9 @@ async fn direct_start_to_ready(
     out
 }
 
-fn wait_asleep(p: &Proxy, c: &TestContainer) {
-    p.wait_for_state("app", "sleeping", Duration::from_secs(30));
+async fn wait_asleep(p: &Proxy, c: &TestContainer) {
+    p.wait_for_state("app", "sleeping", Duration::from_secs(30))
+        .await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while docker::is_running(&c.name) {
         assert!(
@@ -87,7 +85,7 @@ async fn proxied_wakes(p: &Proxy, c: &TestContainer, n: usize, cycles: usize) ->
     let http = client();
     let mut out = Vec::new();
     for _ in 0..cycles {
-        wait_asleep(p, c);
+        wait_asleep(p, c).await;
         let t0 = Instant::now();
         let port = c.port;
         let poller = tokio::task::spawn_blocking(move || {
@@ -208,10 +206,11 @@ async fn main() {
         let mut direct = direct_start_to_ready(&engine, &c, cycles).await;
         let direct_median = median(&mut direct);
 
-        let p = Proxy::start_with(&[&socket], &[]);
+        let p = Proxy::start_with(&[&socket], &[]).await;
         let target = format!("127.0.0.1:{}", c.port);
         let container = format!("--sleep-container={}", c.name);
-        p.deploy("app", &target, &["--sleep-after=1s", &container]);
+        p.deploy("app", &target, &["--sleep-after=1s", &container])
+            .await;
         for n in [1usize, 10, 100] {
             let cycles_out = proxied_wakes(&p, &c, n, cycles).await;
             let mut first: Vec<f64> = cycles_out.iter().map(|c| c.first).collect();
@@ -248,15 +247,16 @@ async fn main() {
     {
         let c = docker::run_app_container("wake-bench-track", Duration::ZERO);
         docker::wait_until_ready(&c).expect("app ready");
-        let p = Proxy::start_with(&[&socket], &[]);
+        let p = Proxy::start_with(&[&socket], &[]).await;
         let target = format!("127.0.0.1:{}", c.port);
         let container = format!("--sleep-container={}", c.name);
-        p.deploy("plain", &target, &["--host=plain.test"]);
+        p.deploy("plain", &target, &["--host=plain.test"]).await;
         p.deploy(
             "tracked",
             &target,
             &["--host=tracked.test", "--sleep-after=1h", &container],
-        );
+        )
+        .await;
         let secs: u32 = std::env::var("TRACKING_SECONDS")
             .ok()
             .and_then(|v| v.parse().ok())

@@ -2,9 +2,7 @@
 //! container: `test_backend --listen 127.0.0.1:3000 [--name app] [--boot-delay-ms 300]`.
 //! `--boot-delay-ms` models an app that takes time to boot before it listens.
 
-#[path = "../tests/common/backend.rs"]
-#[allow(dead_code)]
-mod backend;
+use testkit::backend;
 
 use std::time::Duration;
 

@@ -1,13 +1,16 @@
 //! The command line as users and Kamal drive it: exact error messages (exit 1, `Error: …`
 //! on stderr, nothing changed), Kamal's exact argv, `run`'s environment rules, and help.
 
-mod common;
-use common::{Proxy, RunOutcome, backend::Backend, try_run};
 use std::process::{Command, Output};
+use testkit::{Proxy, RunOutcome, backend::Backend, try_run};
 
 /// Asserts a failed CLI call changed nothing: no service listed, no state written.
-fn assert_unchanged(proxy: &Proxy) {
-    assert!(proxy.list_rows().is_empty(), "{:?}", proxy.list_rows());
+async fn assert_unchanged(proxy: &Proxy) {
+    assert!(
+        proxy.list_rows().await.is_empty(),
+        "{:?}",
+        proxy.list_rows().await
+    );
     assert!(
         !proxy.state_file().exists(),
         "a failed command wrote the state file"
@@ -17,7 +20,7 @@ fn assert_unchanged(proxy: &Proxy) {
 /// Runs the binary with a clean environment pointing at `socket` (no server there).
 fn cli_without_server(args: &[&str], socket: &str) -> Output {
     let home = tempfile::tempdir().unwrap();
-    Command::new(common::BIN)
+    Command::new(testkit::bin())
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("HOME", home.path())
@@ -37,7 +40,7 @@ fn stderr(out: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_flags_and_commands_are_refused() {
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let cases: [(&[&str], &str); 6] = [
         (
             &["deploy", "app", "--target=web:80", "--foo"],
@@ -62,14 +65,14 @@ async fn unknown_flags_and_commands_are_refused() {
         ),
     ];
     for (args, expected) in cases {
-        assert_eq!(proxy.fails(args), expected, "{args:?}");
+        assert_eq!(proxy.fails(args).await, expected, "{args:?}");
     }
-    assert_unchanged(&proxy);
+    assert_unchanged(&proxy).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn wrong_argument_counts_are_refused() {
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let cases: [(&[&str], &str); 7] = [
         (
             &["deploy", "--target=web:80"],
@@ -98,14 +101,14 @@ async fn wrong_argument_counts_are_refused() {
         ),
     ];
     for (args, expected) in cases {
-        assert_eq!(proxy.fails(args), expected, "{args:?}");
+        assert_eq!(proxy.fails(args).await, expected, "{args:?}");
     }
-    assert_unchanged(&proxy);
+    assert_unchanged(&proxy).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn malformed_targets_are_refused() {
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     for target in [
         "foo/bar",
         "x",
@@ -115,23 +118,25 @@ async fn malformed_targets_are_refused() {
         "_",
     ] {
         let flag = format!("--target={target}");
-        let stderr = proxy.fails(&["deploy", "app", &flag, "--force"]);
+        let stderr = proxy.fails(&["deploy", "app", &flag, "--force"]).await;
         assert_eq!(stderr, format!("Error: {target} :invalid host pattern\n"));
     }
-    let stderr = proxy.fails(&[
-        "deploy",
-        "app",
-        "--target=web:80",
-        "--read-target=a/b",
-        "--force",
-    ]);
+    let stderr = proxy
+        .fails(&[
+            "deploy",
+            "app",
+            "--target=web:80",
+            "--read-target=a/b",
+            "--force",
+        ])
+        .await;
     assert_eq!(stderr, "Error: a/b :invalid host pattern\n");
-    assert_unchanged(&proxy);
+    assert_unchanged(&proxy).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_values_name_the_flag_and_the_reason() {
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let cases: [(&[&str], &str); 6] = [
         (
             &["deploy", "app", "--target=web:80", "--deploy-timeout=30"],
@@ -165,11 +170,11 @@ async fn bad_values_name_the_flag_and_the_reason() {
         ),
     ];
     for (args, expected) in cases {
-        assert_eq!(proxy.fails(args), expected, "{args:?}");
+        assert_eq!(proxy.fails(args).await, expected, "{args:?}");
     }
-    assert_unchanged(&proxy);
+    assert_unchanged(&proxy).await;
 
-    match try_run(&["--http-port=eighty"], &[]) {
+    match try_run(&["--http-port=eighty"], &[]).await {
         RunOutcome::Exited { code, stderr } => {
             assert_eq!(code, Some(1));
             assert_eq!(
@@ -184,51 +189,61 @@ async fn bad_values_name_the_flag_and_the_reason() {
 #[tokio::test(flavor = "multi_thread")]
 async fn body_limits_need_the_buffering_flag_present() {
     let app = Backend::start("app").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let target = format!("--target={}", app.target());
     assert_eq!(
-        proxy.fails(&["deploy", "app", &target, "--max-request-body=100"]),
+        proxy
+            .fails(&["deploy", "app", &target, "--max-request-body=100"])
+            .await,
         "Error: max-request-body can only be set when request buffering is enabled\n"
     );
     assert_eq!(
-        proxy.fails(&["deploy", "app", &target, "--max-response-body=100"]),
+        proxy
+            .fails(&["deploy", "app", &target, "--max-response-body=100"])
+            .await,
         "Error: max-response-body can only be set when response buffering is enabled\n"
     );
-    assert_unchanged(&proxy);
+    assert_unchanged(&proxy).await;
 
     // Presence is what counts: Kamal sends `--buffer-requests="false"` with a limit.
-    proxy.ok(&[
-        "deploy",
-        "app",
-        &target,
-        "--buffer-requests=false",
-        "--max-request-body=100",
-        "--buffer-responses=false",
-        "--max-response-body=0",
-    ]);
+    proxy
+        .ok(&[
+            "deploy",
+            "app",
+            &target,
+            "--buffer-requests=false",
+            "--max-request-body=100",
+            "--buffer-responses=false",
+            "--max-response-body=0",
+        ])
+        .await;
     assert_eq!(proxy.get("", "/").await.body, "app");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn booleans_take_their_value_after_an_equals_sign_only() {
     let app = Backend::start("app").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let target = format!("--target={}", app.target());
     // pflag: `--force false` is the flag plus a second positional argument.
     for flag in ["--force", "--strip-path-prefix", "--buffer-requests"] {
-        let stderr = proxy.fails(&["deploy", "app", &target, flag, "false"]);
+        let stderr = proxy
+            .fails(&["deploy", "app", &target, flag, "false"])
+            .await;
         assert_eq!(
             stderr, "Error: accepts 1 arg(s), received 2\n",
             "{flag} false"
         );
     }
-    assert_unchanged(&proxy);
+    assert_unchanged(&proxy).await;
 
     for value in [
         "1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False",
     ] {
         let flag = format!("--force={value}");
-        proxy.ok(&["deploy", "app", &target, &flag, "--deploy-timeout=5s"]);
+        proxy
+            .ok(&["deploy", "app", &target, &flag, "--deploy-timeout=5s"])
+            .await;
     }
     assert_eq!(proxy.get("", "/").await.body, "app");
 }
@@ -260,7 +275,7 @@ async fn run_on_a_port_in_use_fails() {
     let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let flag = format!("--http-port={port}");
-    match try_run(&[&flag], &[]) {
+    match try_run(&[&flag], &[]).await {
         RunOutcome::Exited { code, stderr } => {
             assert_eq!(code, Some(1));
             assert_eq!(
@@ -312,10 +327,7 @@ fn sh(proxy: &Proxy, line: &str) -> Output {
             "PATH",
             format!(
                 "{}:{}",
-                std::path::Path::new(common::BIN)
-                    .parent()
-                    .unwrap()
-                    .display(),
+                testkit::bin().parent().unwrap().display(),
                 std::env::var("PATH").unwrap_or_default()
             ),
         )
@@ -328,7 +340,7 @@ fn sh(proxy: &Proxy, line: &str) -> Output {
 #[tokio::test(flavor = "multi_thread")]
 async fn kamals_exact_command_lines_work() {
     let app = Backend::start("app").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let run = |line: &str| {
         let out = tokio::task::block_in_place(|| sh(&proxy, line));
         assert_eq!(out.status.code(), Some(0), "{line}\n{}", stderr(&out));
@@ -341,7 +353,7 @@ async fn kamals_exact_command_lines_work() {
     let r = proxy.get("www.example.com", "/").await;
     assert_eq!((r.status, r.body.as_str()), (200, "app"));
     assert_eq!(proxy.get("other.example.com", "/").await.status, 404);
-    let rows = proxy.list_rows();
+    let rows = proxy.list_rows().await;
     assert_eq!(
         rows[0][..4],
         [
@@ -408,14 +420,17 @@ async fn run_takes_ports_from_the_environment_prefixed_first() {
     let free = ["--https-port=0"];
 
     // KAMAL_PROXY_HTTP_PORT=0 wins over HTTP_PORT=<busy>: the proxy starts.
-    let port = started_port(try_run(
-        &free,
-        &[("KAMAL_PROXY_HTTP_PORT", "0"), ("HTTP_PORT", &busy)],
-    ));
+    let port = started_port(
+        try_run(
+            &free,
+            &[("KAMAL_PROXY_HTTP_PORT", "0"), ("HTTP_PORT", &busy)],
+        )
+        .await,
+    );
     assert_ne!(port.to_string(), busy);
 
     // The unprefixed name alone is honoured: the busy port is tried and refused.
-    match try_run(&free, &[("HTTP_PORT", &busy)]) {
+    match try_run(&free, &[("HTTP_PORT", &busy)]).await {
         RunOutcome::Exited { code, stderr } => {
             assert_eq!(code, Some(1));
             assert_eq!(
@@ -427,10 +442,13 @@ async fn run_takes_ports_from_the_environment_prefixed_first() {
     }
 
     // An explicit flag beats both.
-    started_port(try_run(
-        &["--http-port=0", "--https-port=0"],
-        &[("KAMAL_PROXY_HTTP_PORT", &busy), ("HTTP_PORT", &busy)],
-    ));
+    started_port(
+        try_run(
+            &["--http-port=0", "--https-port=0"],
+            &[("KAMAL_PROXY_HTTP_PORT", &busy), ("HTTP_PORT", &busy)],
+        )
+        .await,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -441,7 +459,8 @@ async fn unparseable_port_environment_falls_back_to_the_default() {
         let outcome = try_run(
             &["--https-port=0"],
             &[("KAMAL_PROXY_HTTP_PORT", value), ("HTTP_PORT", "0")],
-        );
+        )
+        .await;
         match outcome {
             RunOutcome::Started { http_port } => assert_eq!(http_port, 80, "{value:?}"),
             RunOutcome::Exited { code, stderr } => {

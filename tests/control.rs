@@ -1,19 +1,17 @@
 //! The control socket: private whatever the umask, callers checked by their credentials,
 //! a deadline on reading each request, and names that `list` can print.
 
-mod common;
-
-use common::{BIN, Proxy, unprivileged_uid};
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::Duration;
+use testkit::{Proxy, bin, unprivileged_uid};
 
 /// The CLI as `uid`, against `p`'s socket.
 fn cli_as(uid: u32, p: &Proxy, args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .uid(uid)
         .gid(uid)
         .env_clear()
@@ -41,11 +39,11 @@ fn raw_request(p: &Proxy, bytes: &[u8], close_write: bool) -> String {
     reply
 }
 
-#[test]
-fn the_socket_is_private_whatever_the_umask_and_callers_are_checked() {
+#[tokio::test(flavor = "multi_thread")]
+async fn the_socket_is_private_whatever_the_umask_and_callers_are_checked() {
     // SAFETY: umask has no preconditions; this is the only test here that changes it.
     let old = unsafe { libc::umask(0) };
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     unsafe { libc::umask(old) };
     let mode = std::fs::metadata(p.socket()).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "socket mode {mode:o}");
@@ -55,13 +53,17 @@ fn the_socket_is_private_whatever_the_umask_and_callers_are_checked() {
     };
     // Open the way to the socket, so only its own mode stands in the way.
     std::fs::set_permissions(p.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (code, stderr) = cli_as(uid, &p, &["deploy", "intruder", "--target=127.0.0.1:9"]);
+    let (code, stderr) = tokio::task::block_in_place(|| {
+        cli_as(uid, &p, &["deploy", "intruder", "--target=127.0.0.1:9"])
+    });
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("Permission denied"), "{stderr}");
 
     // A socket opened to others by mistake: the caller's uid is still refused.
     std::fs::set_permissions(p.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
-    let (code, stderr) = cli_as(uid, &p, &["deploy", "intruder", "--target=127.0.0.1:9"]);
+    let (code, stderr) = tokio::task::block_in_place(|| {
+        cli_as(uid, &p, &["deploy", "intruder", "--target=127.0.0.1:9"])
+    });
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains(&format!("permission denied: uid {uid} may not control")),
@@ -72,25 +74,27 @@ fn the_socket_is_private_whatever_the_umask_and_callers_are_checked() {
             .iter()
             .any(|l| l.contains("Refused control connection"))
     );
-    assert!(!p.ok(&["list"]).contains("intruder"));
+    assert!(!p.ok(&["list"]).await.contains("intruder"));
 }
 
-#[test]
-fn a_request_that_never_ends_is_answered_at_the_read_deadline() {
-    let p = Proxy::start();
-    let reply = raw_request(&p, br#"{"command":"li"#, false);
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_that_never_ends_is_answered_at_the_read_deadline() {
+    let p = Proxy::start().await;
+    let reply = tokio::task::block_in_place(|| raw_request(&p, br#"{"command":"li"#, false));
     assert!(reply.contains("timed out reading the request"), "{reply}");
     // The server is still there for everyone else.
-    p.ok(&["list"]);
+    p.ok(&["list"]).await;
 }
 
-#[test]
-fn service_names_are_bounded_and_printable() {
-    let p = Proxy::start();
+#[tokio::test(flavor = "multi_thread")]
+async fn service_names_are_bounded_and_printable() {
+    let p = Proxy::start().await;
     let long = "a".repeat(300);
-    let stderr = p.fails(&["deploy", &long, "--target=127.0.0.1:9"]);
+    let stderr = p.fails(&["deploy", &long, "--target=127.0.0.1:9"]).await;
     assert!(stderr.contains("at most 255"), "{stderr}");
-    let stderr = p.fails(&["deploy", "bad\u{1b}[2Jname", "--target=127.0.0.1:9"]);
+    let stderr = p
+        .fails(&["deploy", "bad\u{1b}[2Jname", "--target=127.0.0.1:9"])
+        .await;
     assert!(stderr.contains("is not allowed"), "{stderr}");
 
     // The server checks too, for a caller that bypasses the CLI.
@@ -98,33 +102,34 @@ fn service_names_are_bounded_and_printable() {
     let request = format!(
         r#"{{"command":"deploy","service":"{huge}","targets":["127.0.0.1:9"],"deployment":{{}},"service_options":{{}},"target_options":{{}}}}"#
     );
-    let reply = raw_request(&p, request.as_bytes(), true);
+    let reply = tokio::task::block_in_place(|| raw_request(&p, request.as_bytes(), true));
     assert!(
         reply.contains("service name is 3500000 bytes long"),
         "{reply}"
     );
-    assert_eq!(p.list_json()["services"], serde_json::json!({}));
+    assert_eq!(p.list_json().await["services"], serde_json::json!({}));
 }
 
-#[test]
-fn the_open_files_soft_limit_is_raised_to_the_hard_limit() {
+#[tokio::test(flavor = "multi_thread")]
+async fn the_open_files_soft_limit_is_raised_to_the_hard_limit() {
     let mut mine = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit/setrlimit only touch the struct passed; the soft limit is lowered
     // for the child to inherit and restored at once.
-    let p = unsafe {
+    unsafe {
         assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut mine), 0);
         let lowered = libc::rlimit {
             rlim_cur: 512.min(mine.rlim_max),
             rlim_max: mine.rlim_max,
         };
         assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lowered), 0);
-        let p = Proxy::start();
+    }
+    let p = Proxy::start().await;
+    unsafe {
         libc::setrlimit(libc::RLIMIT_NOFILE, &mine);
-        p
-    };
+    }
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", p.pid().unwrap())).unwrap();
     let line = limits
         .lines()

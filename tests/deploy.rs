@@ -1,18 +1,13 @@
 //! Deploys: waiting for health, zero-downtime switches, draining, removal, and the `list`
 //! output users read afterwards.
 
-mod common;
-use common::{Proxy, backend::Backend, client, eventually, send};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::{Proxy, backend::Backend, client, poll_until, send};
+use tokio::time::Instant;
 
 const FAST_HEALTH: [&str; 2] = ["--health-check-interval=100ms", "--health-check-timeout=1s"];
-
-/// Runs a blocking CLI call without starving the runtime's other tasks.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
 
 fn deploy_args<'a>(service: &'a str, target: &'a str, extra: &[&'a str]) -> Vec<String> {
     let mut args = vec![
@@ -32,7 +27,7 @@ fn strs(v: &[String]) -> Vec<&str> {
 async fn unhealthy_target_fails_the_deploy_and_is_not_routed() {
     let sick = Backend::start("sick").await;
     sick.set_healthy(false);
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
 
     let started = Instant::now();
     let args = deploy_args(
@@ -40,7 +35,7 @@ async fn unhealthy_target_fails_the_deploy_and_is_not_routed() {
         &sick.target(),
         &["--deploy-timeout=1s", FAST_HEALTH[0]],
     );
-    let stderr = blocking(|| proxy.fails(&strs(&args)));
+    let stderr = proxy.fails(&strs(&args)).await;
     assert_eq!(
         stderr,
         "Error: target failed to become healthy within configured timeout (1s)\n"
@@ -54,7 +49,7 @@ async fn unhealthy_target_fails_the_deploy_and_is_not_routed() {
         "the target was health checked repeatedly"
     );
     assert_eq!(proxy.get("", "/").await.status, 404);
-    assert_eq!(proxy.list_rows().len(), 0);
+    assert_eq!(proxy.list_rows().await.len(), 0);
     assert_eq!(sick.hits(), 0, "no request reached the unhealthy target");
 }
 
@@ -63,9 +58,11 @@ async fn failed_redeploy_keeps_the_previous_target_serving() {
     let good = Backend::start("good").await;
     let sick = Backend::start("sick").await;
     sick.set_healthy(false);
-    let proxy = Proxy::start();
-    proxy.deploy("app", &good.target(), &["--host=app.test"]);
-    let list_before = proxy.ok(&["list"]);
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy("app", &good.target(), &["--host=app.test"])
+        .await;
+    let list_before = proxy.ok(&["list"]).await;
     let state_before = std::fs::read_to_string(proxy.state_file()).unwrap();
 
     let args = deploy_args(
@@ -77,7 +74,7 @@ async fn failed_redeploy_keeps_the_previous_target_serving() {
             FAST_HEALTH[0],
         ],
     );
-    let stderr = blocking(|| proxy.fails(&strs(&args)));
+    let stderr = proxy.fails(&strs(&args)).await;
     assert_eq!(
         stderr,
         "Error: target failed to become healthy within configured timeout (500ms)\n"
@@ -89,7 +86,7 @@ async fn failed_redeploy_keeps_the_previous_target_serving() {
         404,
         "new options not applied"
     );
-    assert_eq!(proxy.ok(&["list"]), list_before);
+    assert_eq!(proxy.ok(&["list"]).await, list_before);
     assert_eq!(
         std::fs::read_to_string(proxy.state_file()).unwrap(),
         state_before
@@ -100,20 +97,17 @@ async fn failed_redeploy_keeps_the_previous_target_serving() {
 async fn force_skips_the_health_wait() {
     let sick = Backend::start("sick").await;
     sick.set_healthy(false);
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
 
     let args = deploy_args(
         "app",
         &sick.target(),
         &["--force", "--deploy-timeout=30s", FAST_HEALTH[0]],
     );
-    let started = Instant::now();
-    blocking(|| proxy.ok(&strs(&args)));
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "--force must not wait for health"
-    );
-    let rows = proxy.list_rows();
+    // --force must not wait for health: a deploy that waited would fail (exit 1) when
+    // the 30 s deploy timeout ran out, since the target never turns healthy here.
+    proxy.ok(&strs(&args)).await;
+    let rows = proxy.list_rows().await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0][3], sick.target());
 
@@ -122,25 +116,26 @@ async fn force_skips_the_health_wait() {
     assert_eq!(r.status, 503, "{r:?}");
     assert_eq!(sick.hits(), 0);
     sick.set_healthy(true);
-    let served = eventually(Duration::from_secs(10), || async {
-        proxy.get("", "/").await.body == "sick"
-    })
+    poll_until(
+        "the forced target serves once it turns healthy",
+        Duration::from_secs(10),
+        || async { proxy.get("", "/").await.body == "sick" },
+    )
     .await;
-    assert!(served, "the forced target serves once it turns healthy");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn health_check_uses_the_configured_path() {
     let backend = Backend::start("app").await;
     backend.set_healthy(false); // `/up` answers 503 from now on
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
 
     let failing = deploy_args(
         "app",
         &backend.target(),
         &["--deploy-timeout=500ms", FAST_HEALTH[0]],
     );
-    let stderr = blocking(|| proxy.fails(&strs(&failing)));
+    let stderr = proxy.fails(&strs(&failing)).await;
     assert!(stderr.contains("failed to become healthy"), "{stderr}");
 
     let bad_path = deploy_args(
@@ -152,7 +147,7 @@ async fn health_check_uses_the_configured_path() {
             FAST_HEALTH[0],
         ],
     );
-    let stderr = blocking(|| proxy.fails(&strs(&bad_path)));
+    let stderr = proxy.fails(&strs(&bad_path)).await;
     assert!(stderr.contains("failed to become healthy"), "{stderr}");
 
     let hits_before = backend.hits();
@@ -165,7 +160,7 @@ async fn health_check_uses_the_configured_path() {
             FAST_HEALTH[0],
         ],
     );
-    blocking(|| proxy.ok(&strs(&good_path)));
+    proxy.ok(&strs(&good_path)).await;
     assert!(
         backend.hits() > hits_before,
         "the probe went to /status/204"
@@ -194,8 +189,8 @@ async fn request_loop(
 async fn twenty_redeploys_under_load_lose_no_request() {
     let a = Backend::start("a").await;
     let b = Backend::start("b").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &a.target(), &[]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &a.target(), &[]).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     // One client reuses its connection across switches, the other opens a new one each time.
@@ -207,8 +202,10 @@ async fn twenty_redeploys_under_load_lose_no_request() {
     let loops = [client(), fresh]
         .map(|http| tokio::spawn(request_loop(proxy.url("/"), http, stop.clone())));
     // Let traffic flow before the first switch.
-    let a_serving = eventually(Duration::from_secs(5), || async { a.hits() >= 10 }).await;
-    assert!(a_serving);
+    poll_until("traffic to flow to a", Duration::from_secs(5), || async {
+        a.hits() >= 10
+    })
+    .await;
 
     for i in 0..20 {
         let target = if i % 2 == 0 { b.target() } else { a.target() };
@@ -217,8 +214,8 @@ async fn twenty_redeploys_under_load_lose_no_request() {
             &target,
             &["--deploy-timeout=5s", "--drain-timeout=5s", FAST_HEALTH[0]],
         );
-        blocking(|| proxy.ok(&strs(&args)));
-        let rows = blocking(|| proxy.list_rows());
+        proxy.ok(&strs(&args)).await;
+        let rows = proxy.list_rows().await;
         assert_eq!(
             rows[0][3], target,
             "list shows the new target after deploy {i}"
@@ -253,13 +250,16 @@ async fn twenty_redeploys_under_load_lose_no_request() {
 async fn slow_request_survives_its_target_being_replaced() {
     let old = Backend::start("old").await;
     let new = Backend::start("new").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &old.target(), &[]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &old.target(), &[]).await;
 
     let url = proxy.url("/slow?ms=1500");
     let sent = Instant::now();
     let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
-    assert!(eventually(Duration::from_secs(5), || async { old.hits() == 1 }).await);
+    poll_until("old.hits() == 1", Duration::from_secs(5), || async {
+        old.hits() == 1
+    })
+    .await;
 
     // Meanwhile new requests already go to the new target while the deploy drains.
     let deploying = {
@@ -268,23 +268,20 @@ async fn slow_request_survives_its_target_being_replaced() {
             &new.target(),
             &["--drain-timeout=10s", FAST_HEALTH[0]],
         );
-        let env = proxy_cli_env(&proxy);
-        tokio::task::spawn_blocking(move || run_cli(&env, &args))
+        proxy.spawn_cli(&strs(&args))
     };
-    let switched = eventually(Duration::from_secs(5), || async {
-        proxy.get("", "/").await.body == "new"
-    })
+    poll_until(
+        "new requests go to the new target during the drain",
+        Duration::from_secs(5),
+        || async { proxy.get("", "/").await.body == "new" },
+    )
     .await;
-    assert!(
-        switched,
-        "new requests go to the new target during the drain"
-    );
     assert!(
         !deploying.is_finished(),
         "deploy returns only after the old target drained"
     );
 
-    let (code, stderr) = deploying.await.unwrap();
+    let (code, stderr) = code_and_stderr(deploying.await.unwrap());
     assert_eq!(code, Some(0), "deploy failed: {stderr}");
     assert!(
         sent.elapsed() >= Duration::from_millis(1400),
@@ -298,27 +295,33 @@ async fn slow_request_survives_its_target_being_replaced() {
 async fn drain_timeout_cancels_a_request_that_is_too_slow() {
     let old = Backend::start("old").await;
     let new = Backend::start("new").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &old.target(), &[]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &old.target(), &[]).await;
 
     let url = proxy.url("/slow?ms=8000");
     let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
-    assert!(eventually(Duration::from_secs(5), || async { old.hits() == 1 }).await);
+    poll_until("old.hits() == 1", Duration::from_secs(5), || async {
+        old.hits() == 1
+    })
+    .await;
 
-    let started = Instant::now();
     let args = deploy_args(
         "app",
         &new.target(),
         &["--drain-timeout=300ms", FAST_HEALTH[0]],
     );
-    blocking(|| proxy.ok(&strs(&args)));
-    assert!(
-        started.elapsed() < Duration::from_secs(6),
-        "deploy waited for the drain timeout only"
-    );
+    proxy.ok(&strs(&args)).await;
 
+    // The drain timeout ended the drain, not the request: it was cut off (504, and
+    // the old target saw its caller go) instead of answered after its 8 s.
     let r = slow.await.unwrap().expect("the client gets an answer");
     assert_eq!(r.status, 504, "{r:?}");
+    poll_until(
+        "the old target to see the slow request abandoned",
+        Duration::from_secs(10),
+        || async { old.slow_cancelled() == 1 },
+    )
+    .await;
     assert_eq!(r.header("content-type"), "text/html; charset=utf-8");
     assert_eq!(proxy.get("", "/").await.body, "new");
 }
@@ -327,26 +330,26 @@ async fn drain_timeout_cancels_a_request_that_is_too_slow() {
 async fn remove_and_rm_stop_routing() {
     let a = Backend::start("a").await;
     let b = Backend::start("b").await;
-    let proxy = Proxy::start();
-    proxy.deploy("one", &a.target(), &["--host=one.test"]);
-    proxy.deploy("two", &b.target(), &["--host=two.test"]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("one", &a.target(), &["--host=one.test"]).await;
+    proxy.deploy("two", &b.target(), &["--host=two.test"]).await;
 
-    assert_eq!(proxy.ok(&["remove", "one"]), "");
+    assert_eq!(proxy.ok(&["remove", "one"]).await, "");
     assert_eq!(proxy.get("one.test", "/").await.status, 404);
     assert_eq!(proxy.get("two.test", "/").await.body, "b");
-    let rows = proxy.list_rows();
+    let rows = proxy.list_rows().await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0][0], "two");
 
-    proxy.ok(&["rm", "two"]);
+    proxy.ok(&["rm", "two"]).await;
     assert_eq!(proxy.get("two.test", "/").await.status, 404);
-    assert!(proxy.list_rows().is_empty());
+    assert!(proxy.list_rows().await.is_empty());
     let state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(proxy.state_file()).unwrap()).unwrap();
     assert_eq!(state, serde_json::json!([]), "{state}");
 
     assert_eq!(
-        proxy.fails(&["remove", "one"]),
+        proxy.fails(&["remove", "one"]).await,
         "Error: service not found\n"
     );
 }
@@ -361,7 +364,7 @@ fn cell(style: &str, text: &str, width: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn list_prints_upstreams_table() {
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let header = ["Service", "Host", "Path", "Target", "State", "TLS"];
     let header_line = |widths: [usize; 6]| -> String {
         let mut line: String = header
@@ -373,7 +376,7 @@ async fn list_prints_upstreams_table() {
         line
     };
     // No services: the header alone, each cell as wide as its text.
-    assert_eq!(proxy.ok(&["list"]), header_line([7, 4, 4, 6, 5, 3]));
+    assert_eq!(proxy.ok(&["list"]).await, header_line([7, 4, 4, 6, 5, 3]));
 
     // Unreachable targets with --force keep the output independent of ports.
     let force = ["--force", "--health-check-interval=10s"];
@@ -382,12 +385,12 @@ async fn list_prints_upstreams_table() {
         "--read-target=web-ro:3000",
     ];
     web.extend(force);
-    proxy.deploy("web", "web-1:3000,web-2:3000", &web);
+    proxy.deploy("web", "web-1:3000,web-2:3000", &web).await;
     let mut api = vec!["--host=api.example.com", "--path-prefix=/v1"];
     api.extend(force);
-    proxy.deploy("api", "api-1:3000", &api);
-    proxy.deploy("worker", "worker:80", &force);
-    proxy.ok(&["pause", "worker", "--drain-timeout=1s"]);
+    proxy.deploy("api", "api-1:3000", &api).await;
+    proxy.deploy("worker", "worker:80", &force).await;
+    proxy.ok(&["pause", "worker", "--drain-timeout=1s"]).await;
 
     let widths = [7, 27, 4, 33, 7, 3];
     let row = |cells: [&str; 6]| -> String {
@@ -419,28 +422,32 @@ async fn list_prints_upstreams_table() {
         row(["worker", "*", "/", "worker:80", "paused", "no"]),
     ]
     .concat();
-    let out = proxy.ok(&["list"]);
+    let out = proxy.ok(&["list"]).await;
     assert_eq!(out, expected, "\n{out}\n{expected}");
-    assert_eq!(proxy.ok(&["ls"]), expected);
+    assert_eq!(proxy.ok(&["ls"]).await, expected);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn list_json_describes_every_service() {
     let app = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy(
-        "app",
-        &app.target(),
-        &["--host=app.test", "--path-prefix=/api"],
-    );
-    proxy.deploy(
-        "bare",
-        "bare-1:80",
-        &["--force", "--health-check-interval=10s"],
-    );
-    proxy.ok(&["stop", "bare", "--drain-timeout=1s"]);
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "app",
+            &app.target(),
+            &["--host=app.test", "--path-prefix=/api"],
+        )
+        .await;
+    proxy
+        .deploy(
+            "bare",
+            "bare-1:80",
+            &["--force", "--health-check-interval=10s"],
+        )
+        .await;
+    proxy.ok(&["stop", "bare", "--drain-timeout=1s"]).await;
 
-    let v = proxy.list_json();
+    let v = proxy.list_json().await;
     let services = v["services"].as_object().expect("services object");
     assert_eq!(services.len(), 2, "{v}");
     let a = &services["app"];
@@ -457,31 +464,13 @@ async fn list_json_describes_every_service() {
     assert_eq!(b["target"], "bare-1:80");
     assert_eq!(b["state"], "stopped");
 
-    proxy.ok(&["rm", "bare"]);
-    proxy.ok(&["rm", "app"]);
-    assert_eq!(proxy.list_json(), serde_json::json!({"services": {}}));
+    proxy.ok(&["rm", "bare"]).await;
+    proxy.ok(&["rm", "app"]).await;
+    assert_eq!(proxy.list_json().await, serde_json::json!({"services": {}}));
 }
 
-/// The environment the harness gives CLI calls, so a call can run on another thread.
-fn proxy_cli_env(proxy: &Proxy) -> Vec<(String, String)> {
-    vec![
-        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-        ("HOME".into(), proxy.home().display().to_string()),
-        (
-            "KAMAL_PROXY_SOCKET".into(),
-            proxy.socket().display().to_string(),
-        ),
-        ("TMPDIR".into(), proxy.dir.path().display().to_string()),
-    ]
-}
-
-fn run_cli(env: &[(String, String)], args: &[String]) -> (Option<i32>, String) {
-    let out = std::process::Command::new(common::BIN)
-        .env_clear()
-        .envs(env.iter().cloned())
-        .args(args)
-        .output()
-        .expect("run cli");
+/// The exit code and stderr of a CLI call started with `spawn_cli`.
+fn code_and_stderr(out: std::process::Output) -> (Option<i32>, String) {
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -493,11 +482,11 @@ async fn deploy_waits_for_every_target_and_balances_across_them() {
     let one = Backend::start("one").await;
     let two = Backend::start("two").await;
     two.set_healthy(false);
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let targets = format!("{},{}", one.target(), two.target());
 
     let args = deploy_args("app", &targets, &["--deploy-timeout=500ms", FAST_HEALTH[0]]);
-    let stderr = blocking(|| proxy.fails(&strs(&args)));
+    let stderr = proxy.fails(&strs(&args)).await;
     assert_eq!(
         stderr,
         "Error: target failed to become healthy within configured timeout (500ms)\n"
@@ -512,25 +501,28 @@ async fn deploy_waits_for_every_target_and_balances_across_them() {
 
     two.set_healthy(true);
     let args = deploy_args("app", &targets, &["--deploy-timeout=5s", FAST_HEALTH[0]]);
-    blocking(|| proxy.ok(&strs(&args)));
+    proxy.ok(&strs(&args)).await;
     let mut bodies = std::collections::BTreeSet::new();
     for _ in 0..6 {
         bodies.insert(proxy.get("", "/").await.body);
     }
     assert_eq!(bodies.into_iter().collect::<Vec<_>>(), ["one", "two"]);
-    assert_eq!(proxy.list_rows()[0][3], targets);
+    assert_eq!(proxy.list_rows().await[0][3], targets);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn remove_does_not_wait_for_in_flight_requests() {
     let app = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &app.target(), &[]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &app.target(), &[]).await;
     let url = proxy.url("/slow?ms=2000");
     let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
-    assert!(eventually(Duration::from_secs(5), || async { app.hits() == 1 }).await);
+    poll_until("app.hits() == 1", Duration::from_secs(5), || async {
+        app.hits() == 1
+    })
+    .await;
 
-    blocking(|| proxy.ok(&["remove", "app"]));
+    proxy.ok(&["remove", "app"]).await;
     assert!(
         !slow.is_finished(),
         "remove returned at once, without draining"
@@ -549,8 +541,10 @@ async fn a_long_deploy_does_not_block_other_commands() {
     let sick = Backend::start("sick").await;
     sick.set_healthy(false);
     let other = Backend::start("other").await;
-    let proxy = Proxy::start();
-    proxy.deploy("other", &other.target(), &["--host=other.test"]);
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy("other", &other.target(), &["--host=other.test"])
+        .await;
 
     let slow_deploy = {
         let args = deploy_args(
@@ -558,30 +552,28 @@ async fn a_long_deploy_does_not_block_other_commands() {
             &sick.target(),
             &["--host=slow.test", "--deploy-timeout=4s"],
         );
-        let env = proxy_cli_env(&proxy);
-        tokio::task::spawn_blocking(move || run_cli(&env, &args))
+        proxy.spawn_cli(&strs(&args))
     };
-    assert!(eventually(Duration::from_secs(5), || async { sick.health_hits() > 0 }).await);
+    poll_until("sick.health_hits() > 0", Duration::from_secs(5), || async {
+        sick.health_hits() > 0
+    })
+    .await;
 
-    // While it waits for health: list, another deploy and a pause all answer.
-    let started = Instant::now();
-    blocking(|| {
-        assert_eq!(proxy.list_rows().len(), 1);
-        proxy.deploy("third", &other.target(), &["--host=third.test"]);
-        proxy.ok(&["pause", "other", "--drain-timeout=1s"]);
-        proxy.ok(&["resume", "other"]);
-    });
+    // While it waits for health: list, another deploy and a pause all answer, and
+    // finish before it does (commands queued behind it would end after it).
+    assert_eq!(proxy.list_rows().await.len(), 1);
+    proxy
+        .deploy("third", &other.target(), &["--host=third.test"])
+        .await;
+    proxy.ok(&["pause", "other", "--drain-timeout=1s"]).await;
+    proxy.ok(&["resume", "other"]).await;
     assert!(
         !slow_deploy.is_finished(),
-        "the slow deploy is still waiting"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "commands were not held up"
+        "the slow deploy is still waiting: commands were not held up"
     );
     assert_eq!(proxy.get("third.test", "/").await.body, "other");
 
-    let (code, stderr) = slow_deploy.await.unwrap();
+    let (code, stderr) = code_and_stderr(slow_deploy.await.unwrap());
     assert_eq!(code, Some(1));
     assert!(stderr.contains("failed to become healthy"), "{stderr}");
     assert_eq!(proxy.get("slow.test", "/").await.status, 404);
@@ -590,7 +582,7 @@ async fn a_long_deploy_does_not_block_other_commands() {
 #[tokio::test(flavor = "multi_thread")]
 async fn health_check_follows_redirects_like_upstream() {
     let app = Backend::start("app").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     // Go's HTTP client follows redirects: `/redirect/up` → 302 → `/up` → 200 is healthy.
     let args = deploy_args(
         "app",
@@ -601,7 +593,7 @@ async fn health_check_follows_redirects_like_upstream() {
             FAST_HEALTH[0],
         ],
     );
-    blocking(|| proxy.ok(&strs(&args)));
+    proxy.ok(&strs(&args)).await;
     assert_eq!(proxy.get("", "/").await.body, "app");
 
     // A redirect to a failing page is a failure.
@@ -615,7 +607,7 @@ async fn health_check_follows_redirects_like_upstream() {
             FAST_HEALTH[0],
         ],
     );
-    let stderr = blocking(|| proxy.fails(&strs(&args)));
+    let stderr = proxy.fails(&strs(&args)).await;
     assert!(stderr.contains("failed to become healthy"), "{stderr}");
 }
 
@@ -623,29 +615,35 @@ async fn health_check_follows_redirects_like_upstream() {
 async fn an_unhealthy_target_leaves_the_rotation_and_comes_back() {
     let one = Backend::start("one").await;
     let two = Backend::start("two").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let targets = format!("{},{}", one.target(), two.target());
-    proxy.deploy("app", &targets, &FAST_HEALTH);
+    proxy.deploy("app", &targets, &FAST_HEALTH).await;
 
     two.set_healthy(false);
-    let only_one = eventually(Duration::from_secs(10), || async {
-        let mut bodies = Vec::new();
-        for _ in 0..4 {
-            bodies.push(proxy.get("", "/").await.body);
-        }
-        bodies.iter().all(|b| b == "one")
-    })
+    poll_until(
+        "the failing target was taken out of rotation",
+        Duration::from_secs(10),
+        || async {
+            let mut bodies = Vec::new();
+            for _ in 0..4 {
+                bodies.push(proxy.get("", "/").await.body);
+            }
+            bodies.iter().all(|b| b == "one")
+        },
+    )
     .await;
-    assert!(only_one, "the failing target was taken out of rotation");
 
     two.set_healthy(true);
-    let both = eventually(Duration::from_secs(10), || async {
-        let mut bodies = std::collections::BTreeSet::new();
-        for _ in 0..4 {
-            bodies.insert(proxy.get("", "/").await.body);
-        }
-        bodies.len() == 2
-    })
+    poll_until(
+        "the recovered target serves again",
+        Duration::from_secs(10),
+        || async {
+            let mut bodies = std::collections::BTreeSet::new();
+            for _ in 0..4 {
+                bodies.insert(proxy.get("", "/").await.body);
+            }
+            bodies.len() == 2
+        },
+    )
     .await;
-    assert!(both, "the recovered target serves again");
 }

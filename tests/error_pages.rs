@@ -1,12 +1,10 @@
 //! The proxy's own error pages (upstream §4.7): the built-in pages, `--error-pages`
 //! templates, and what happens when they cannot be loaded.
 
-mod common;
-
-use common::backend::Backend;
-use common::{Proxy, client};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::backend::Backend;
+use testkit::{Proxy, client, poll_until};
 
 const HTML: &str = "text/html; charset=utf-8";
 
@@ -29,11 +27,12 @@ async fn get(url: String, host: Option<&str>) -> (u16, String, String) {
 /// connections.
 async fn stop_listening(backend: &Backend) {
     backend.kill();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(backend.addr).await.is_ok() {
-        assert!(Instant::now() < deadline, "backend still accepting");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(
+        "the backend to refuse connections",
+        Duration::from_secs(10),
+        || async { tokio::net::TcpStream::connect(backend.addr).await.is_err() },
+    )
+    .await;
 }
 
 fn pages_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
@@ -53,16 +52,22 @@ async fn built_in_pages() {
     let slow = Backend::start("slow").await;
     let gone = Backend::start("gone").await;
     let stopped = Backend::start("stopped").await;
-    let proxy = Proxy::start();
-    proxy.deploy(
-        "slow",
-        &slow.target(),
-        &["--host=slow.test", "--target-timeout=100ms"],
-    );
-    proxy.deploy("gone", &gone.target(), &["--host=gone.test"]);
-    proxy.deploy("stopped", &stopped.target(), &["--host=stopped.test"]);
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "slow",
+            &slow.target(),
+            &["--host=slow.test", "--target-timeout=100ms"],
+        )
+        .await;
+    proxy
+        .deploy("gone", &gone.target(), &["--host=gone.test"])
+        .await;
+    proxy
+        .deploy("stopped", &stopped.target(), &["--host=stopped.test"])
+        .await;
     stop_listening(&gone).await;
-    proxy.ok(&["stop", "stopped", "--drain-timeout=1s"]);
+    proxy.ok(&["stop", "stopped", "--drain-timeout=1s"]).await;
 
     let cases = [
         (
@@ -109,14 +114,16 @@ async fn built_in_pages() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stop_message_replaces_the_built_in_text_escaped() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), &[]);
-    proxy.ok(&[
-        "stop",
-        "app",
-        "--drain-timeout=1s",
-        "--message=Back <soon> & \"better\"",
-    ]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &backend.target(), &[]).await;
+    proxy
+        .ok(&[
+            "stop",
+            "app",
+            "--drain-timeout=1s",
+            "--message=Back <soon> & \"better\"",
+        ])
+        .await;
     let (status, ct, body) = get(proxy.url("/"), None).await;
     assert_eq!(status, 503);
     assert_eq!(ct, HTML);
@@ -145,12 +152,14 @@ async fn custom_templates_render_and_missing_ones_fall_back() {
         ("notes.txt", "not a template {{"),
     ]);
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &[&arg("error-pages", dir.path()), "--target-timeout=100ms"],
-    );
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[&arg("error-pages", dir.path()), "--target-timeout=100ms"],
+        )
+        .await;
 
     // A proxy-generated 504 uses the custom template, with no message.
     let (status, ct, body) = get(proxy.url("/slow?ms=3000"), None).await;
@@ -169,12 +178,14 @@ async fn custom_templates_render_and_missing_ones_fall_back() {
     assert_eq!(ct, HTML);
     assert!(body.contains("502 — Bad Gateway"), "{body}");
 
-    proxy.ok(&[
-        "stop",
-        "app",
-        "--drain-timeout=1s",
-        "--message=Custom Maintenance",
-    ]);
+    proxy
+        .ok(&[
+            "stop",
+            "app",
+            "--drain-timeout=1s",
+            "--message=Custom Maintenance",
+        ])
+        .await;
     let (status, ct, body) = get(proxy.url("/"), None).await;
     assert_eq!(status, 503);
     assert_eq!(ct, HTML);
@@ -183,7 +194,9 @@ async fn custom_templates_render_and_missing_ones_fall_back() {
         "<html><body><h1>Custom</h1><p>Custom Maintenance</p></body></html>\n"
     );
 
-    proxy.ok(&["stop", "app", "--drain-timeout=1s", "--message=<b>&</b>"]);
+    proxy
+        .ok(&["stop", "app", "--drain-timeout=1s", "--message=<b>&</b>"])
+        .await;
     let (_, _, body) = get(proxy.url("/"), None).await;
     assert_eq!(
         body,
@@ -195,13 +208,15 @@ async fn custom_templates_render_and_missing_ones_fall_back() {
 async fn templates_are_read_at_deploy_time() {
     let dir = pages_dir(&[("503.html", "first {{ .Message }}")]);
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let pages = arg("error-pages", dir.path());
-    proxy.deploy("app", &backend.target(), &[&pages]);
-    proxy.ok(&["stop", "app", "--drain-timeout=1s", "--message=m"]);
+    proxy.deploy("app", &backend.target(), &[&pages]).await;
+    proxy
+        .ok(&["stop", "app", "--drain-timeout=1s", "--message=m"])
+        .await;
     std::fs::write(dir.path().join("503.html"), "second {{ .Message }}").unwrap();
     assert_eq!(get(proxy.url("/"), None).await.2, "first m");
-    proxy.deploy("app", &backend.target(), &[&pages]);
+    proxy.deploy("app", &backend.target(), &[&pages]).await;
     assert_eq!(get(proxy.url("/"), None).await.2, "second m");
 }
 
@@ -212,12 +227,14 @@ async fn unrouted_404_always_uses_the_built_in_page() {
         ("503.html", "custom unavailable"),
     ]);
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--host=app.test", &arg("error-pages", dir.path())],
-    );
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--host=app.test", &arg("error-pages", dir.path())],
+        )
+        .await;
     let (status, ct, body) = get(proxy.url("/"), Some("other.test")).await;
     assert_eq!(status, 404);
     assert_eq!(ct, HTML);
@@ -231,9 +248,9 @@ async fn unrouted_404_always_uses_the_built_in_page() {
 async fn unloadable_error_pages_fail_the_deploy_and_change_nothing() {
     let one = Backend::start("one").await;
     let two = Backend::start("two").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &one.target(), &[]);
-    let before_list = proxy.ok(&["list"]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &one.target(), &[]).await;
+    let before_list = proxy.ok(&["list"]).await;
     let before_state = std::fs::read(proxy.state_file()).unwrap();
 
     let empty = tempfile::tempdir().unwrap();
@@ -248,21 +265,25 @@ async fn unloadable_error_pages_fail_the_deploy_and_change_nothing() {
     ] {
         let pages = arg("error-pages", dir);
         let t = format!("--target={}", two.target());
-        let err = proxy.fails(&["deploy", "app", &t, "--deploy-timeout=5s", &pages]);
+        let err = proxy
+            .fails(&["deploy", "app", &t, "--deploy-timeout=5s", &pages])
+            .await;
         assert!(
             err.contains("Error: unable to load error pages"),
             "{}: {err}",
             dir.display()
         );
         // A new service is not created either.
-        let err = proxy.fails(&[
-            "deploy",
-            "fresh",
-            &t,
-            "--host=fresh.test",
-            "--deploy-timeout=5s",
-            &pages,
-        ]);
+        let err = proxy
+            .fails(&[
+                "deploy",
+                "fresh",
+                &t,
+                "--host=fresh.test",
+                "--deploy-timeout=5s",
+                &pages,
+            ])
+            .await;
         assert!(
             err.contains("Error: unable to load error pages"),
             "{}: {err}",
@@ -270,7 +291,7 @@ async fn unloadable_error_pages_fail_the_deploy_and_change_nothing() {
         );
     }
 
-    assert_eq!(proxy.ok(&["list"]), before_list);
+    assert_eq!(proxy.ok(&["list"]).await, before_list);
     assert_eq!(std::fs::read(proxy.state_file()).unwrap(), before_state);
     assert_eq!(get(proxy.url("/"), None).await.2, "one");
     let (status, _, _) = get(proxy.url("/"), Some("fresh.test")).await;
@@ -285,18 +306,20 @@ async fn buffering_errors_use_custom_templates_too() {
         ("500.html", "custom internal error"),
     ]);
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &[
-            &arg("error-pages", dir.path()),
-            "--buffer-requests",
-            "--max-request-body=10",
-            "--buffer-responses",
-            "--max-response-body=10",
-        ],
-    );
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                &arg("error-pages", dir.path()),
+                "--buffer-requests",
+                "--max-request-body=10",
+                "--buffer-responses",
+                "--max-response-body=10",
+            ],
+        )
+        .await;
     let resp = client()
         .post(proxy.url("/echo"))
         .body(vec![0u8; 11])

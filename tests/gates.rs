@@ -2,12 +2,11 @@
 //! and IPv6 clients), canonical host and `--redirect`, `--rewrite`, rate limit, basic auth,
 //! the request deadline, their order, custom error pages, validation and persistence.
 
-mod common;
-
-use common::backend::Backend;
-use common::{Proxy, client};
 use reqwest::{Method, StatusCode};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::backend::Backend;
+use testkit::{Proxy, client};
+use tokio::time::Instant;
 
 /// `::1` is usable (the proxy listens dual-stack); IPv6 tests skip with a message when not.
 fn ipv6_available() -> bool {
@@ -28,7 +27,7 @@ async fn status(req: reqwest::RequestBuilder) -> StatusCode {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ping_answers_on_every_host_before_routing_unlogged_and_uncached() {
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
     // No service at all.
     let r = http.get(p.url("/.kamal-proxy/ping")).send().await.unwrap();
@@ -47,7 +46,8 @@ async fn ping_answers_on_every_host_before_routing_unlogged_and_uncached() {
             "--basic-auth=u:p",
             "--rate-limit=0.001",
         ],
-    );
+    )
+    .await;
     for host in ["any.example", "other.test", ""] {
         let mut req = http.get(p.url("/.kamal-proxy/ping"));
         if !host.is_empty() {
@@ -78,17 +78,19 @@ async fn ping_answers_on_every_host_before_routing_unlogged_and_uncached() {
 #[tokio::test(flavor = "multi_thread")]
 async fn allow_list_admits_listed_addresses_and_denies_the_rest_with_403() {
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
 
-    p.deploy("app", &b.target(), &["--allow-ip=10.0.0.0/8,127.0.0.1"]);
+    p.deploy("app", &b.target(), &["--allow-ip=10.0.0.0/8,127.0.0.1"])
+        .await;
     assert_eq!(status(http.get(p.url("/"))).await, 200);
 
     p.deploy(
         "app",
         &b.target(),
         &["--allow-ip=10.0.0.0/8", "--allow-ip=192.0.2.0/24"],
-    );
+    )
+    .await;
     let hits = b.hits();
     let r = http.get(p.url("/secret")).send().await.unwrap();
     assert_eq!(r.status(), 403);
@@ -108,7 +110,7 @@ async fn allow_list_admits_listed_addresses_and_denies_the_rest_with_403() {
     assert_eq!(status(http.post(p.url("/up"))).await, 403);
 
     // Not sticky: a redeploy without the flag lifts it.
-    p.deploy("app", &b.target(), &[]);
+    p.deploy("app", &b.target(), &[]).await;
     assert_eq!(status(http.get(p.url("/secret"))).await, 200);
 }
 
@@ -118,9 +120,9 @@ async fn ipv6_clients_are_matched_on_their_own_address() {
         return;
     }
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
-    p.deploy("app", &b.target(), &["--allow-ip=::1"]);
+    p.deploy("app", &b.target(), &["--allow-ip=::1"]).await;
     assert_eq!(status(http.get(url6(&p, "/"))).await, 200);
     assert_eq!(
         status(http.get(p.url("/"))).await,
@@ -128,18 +130,20 @@ async fn ipv6_clients_are_matched_on_their_own_address() {
         "IPv4 loopback is not ::1"
     );
 
-    p.deploy("app", &b.target(), &["--allow-ip=127.0.0.0/8"]);
+    p.deploy("app", &b.target(), &["--allow-ip=127.0.0.0/8"])
+        .await;
     assert_eq!(status(http.get(p.url("/"))).await, 200);
     assert_eq!(status(http.get(url6(&p, "/"))).await, 403);
 
-    p.deploy("app", &b.target(), &["--allow-ip=2001:db8::/32,::1/128"]);
+    p.deploy("app", &b.target(), &["--allow-ip=2001:db8::/32,::1/128"])
+        .await;
     assert_eq!(status(http.get(url6(&p, "/"))).await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn trusted_proxy_chains_resolve_the_client_and_unresolvable_chains_deny() {
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
     p.deploy(
         "app",
@@ -148,7 +152,8 @@ async fn trusted_proxy_chains_resolve_the_client_and_unresolvable_chains_deny() 
             "--trusted-proxy=127.0.0.1,::1,10.0.0.0/8",
             "--allow-ip=203.0.113.0/24,2001:db8::/32",
         ],
-    );
+    )
+    .await;
     let get = |xff: &[&str]| {
         let mut req = http.get(p.url("/"));
         for line in xff {
@@ -192,7 +197,8 @@ async fn trusted_proxy_chains_resolve_the_client_and_unresolvable_chains_deny() 
             "--allow-ip=203.0.113.0/24",
             "--client-ip-header=CF-Connecting-IP",
         ],
-    );
+    )
+    .await;
     let r = http
         .get(p.url("/echo"))
         .header("cf-connecting-ip", "203.0.113.9")
@@ -215,19 +221,16 @@ async fn trusted_proxy_chains_resolve_the_client_and_unresolvable_chains_deny() 
         403,
         "the named header decides, not X-Forwarded-For"
     );
-    assert!(
-        p.wait_for_log(
-            |l| l.contains("\"remote_addr\":\"203.0.113.9\"") && l.contains("\"status\":200"),
-            Duration::from_secs(5)
-        ),
-        "remote_addr shows the client-ip header"
-    );
+    p.wait_for_log("\"remote_addr\":\"203.0.113.9\"", |l| {
+        l.contains("\"remote_addr\":\"203.0.113.9\"") && l.contains("\"status\":200")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn canonical_host_redirect_rules_and_rewrites() {
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
     let port = p.http_port;
     p.deploy(
@@ -243,7 +246,8 @@ async fn canonical_host_redirect_rules_and_rewrites() {
             "--redirect=/(same)=/$1",
             "--rewrite=/legacy/(.*)=/v2/$1",
         ],
-    );
+    )
+    .await;
     let get = |host: &str, path: &str| http.get(p.url(path)).header("host", host).send();
     let loc = |r: &reqwest::Response| {
         r.headers()
@@ -293,22 +297,23 @@ async fn canonical_host_redirect_rules_and_rewrites() {
     let r = get(h, "/legacy/page?k=v").await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-uri"], "/v2/page?k=v");
-    assert!(p.wait_for_log(
-        |l| l.contains("\"path\":\"/legacy/page\"") && l.contains("\"status\":200"),
-        Duration::from_secs(5)
-    ));
+    p.wait_for_log("\"path\":\"/legacy/page\"", |l| {
+        l.contains("\"path\":\"/legacy/page\"") && l.contains("\"status\":200")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rate_limit_answers_429_with_retry_after_per_client() {
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
     p.deploy(
         "app",
         &b.target(),
         &["--rate-limit=1", "--rate-limit-burst=3"],
-    );
+    )
+    .await;
     for _ in 0..3 {
         assert_eq!(status(http.get(p.url("/"))).await, 200);
     }
@@ -333,7 +338,7 @@ async fn rate_limit_answers_429_with_retry_after_per_client() {
     assert_eq!(status(http.get(p.url("/"))).await, 429);
 
     // Fractional rates: Retry-After is ceil(1/rate).
-    p.deploy("app", &b.target(), &["--rate-limit=0.25"]);
+    p.deploy("app", &b.target(), &["--rate-limit=0.25"]).await;
     assert_eq!(status(http.get(p.url("/"))).await, 200);
     let r = http.get(p.url("/")).send().await.unwrap();
     assert_eq!(
@@ -349,7 +354,8 @@ async fn rate_limit_answers_429_with_retry_after_per_client() {
         "app",
         &b.target(),
         &["--rate-limit=0.01", "--trusted-proxy=127.0.0.1,::1"],
-    );
+    )
+    .await;
     let from = |xff: &str| status(http.get(p.url("/")).header("x-forwarded-for", xff));
     assert_eq!(from("203.0.113.1").await, 200);
     assert_eq!(from("203.0.113.1").await, 429);
@@ -366,9 +372,10 @@ async fn rate_limit_answers_429_with_retry_after_per_client() {
 #[tokio::test(flavor = "multi_thread")]
 async fn basic_auth_challenges_strips_the_header_and_keeps_the_plaintext_off_disk() {
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
-    p.deploy("app", &b.target(), &["--basic-auth=admin:s3cr:et"]);
+    p.deploy("app", &b.target(), &["--basic-auth=admin:s3cr:et"])
+        .await;
 
     let r = http.get(p.url("/echo")).send().await.unwrap();
     assert_eq!(r.status(), 401);
@@ -406,7 +413,7 @@ async fn basic_auth_challenges_strips_the_header_and_keeps_the_plaintext_off_dis
     let state = std::fs::read_to_string(p.state_file()).unwrap();
     assert!(!state.contains("s3cr"), "{state}");
     assert!(state.contains("\"basic_auth\":\"sha256:"), "{state}");
-    assert!(!p.ok(&["list", "--json"]).contains("sha256"));
+    assert!(!p.ok(&["list", "--json"]).await.contains("sha256"));
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(p.state_file())
         .unwrap()
@@ -416,7 +423,7 @@ async fn basic_auth_challenges_strips_the_header_and_keeps_the_plaintext_off_dis
 
     // Survives a restart.
     let mut p = p;
-    p.restart();
+    p.restart().await;
     assert_eq!(status(http.get(p.url("/"))).await, 401);
     assert_eq!(
         status(http.get(p.url("/")).basic_auth("admin", Some("s3cr:et"))).await,
@@ -427,14 +434,15 @@ async fn basic_auth_challenges_strips_the_header_and_keeps_the_plaintext_off_dis
 #[tokio::test(flavor = "multi_thread")]
 async fn gates_run_in_the_documented_order() {
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
     // Allow list before auth: a denied client is never asked for a password.
     p.deploy(
         "app",
         &b.target(),
         &["--allow-ip=192.0.2.1", "--basic-auth=u:p"],
-    );
+    )
+    .await;
     assert_eq!(status(http.get(p.url("/"))).await, 403);
 
     // Redirects before the rate limit: a 301 spends no token. Rate limit before auth:
@@ -447,7 +455,8 @@ async fn gates_run_in_the_documented_order() {
             "--rate-limit=0.01",
             "--basic-auth=u:p",
         ],
-    );
+    )
+    .await;
     for _ in 0..5 {
         assert_eq!(status(http.get(p.url("/old"))).await, 301);
     }
@@ -464,25 +473,25 @@ async fn gates_run_in_the_documented_order() {
 #[tokio::test(flavor = "multi_thread")]
 async fn request_deadline_answers_504_including_holds_and_exempts_streams() {
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
-    p.deploy("app", &b.target(), &["--request-timeout=400ms"]);
+    p.deploy("app", &b.target(), &["--request-timeout=400ms"])
+        .await;
 
-    let started = Instant::now();
+    // No other timeout is shorter than the 3 s answer: a 504 is the deadline firing.
     let r = http.get(p.url("/slow?ms=3000")).send().await.unwrap();
     assert_eq!(r.status(), 504);
-    assert!(started.elapsed() < Duration::from_millis(2500));
     // The log says which timeout fired.
-    assert!(p.wait_for_log(
-        |l| l.contains("Request deadline exceeded"),
-        Duration::from_secs(10)
-    ));
+    p.wait_for_log_after(0, "the request deadline firing", |l| {
+        l.contains("Request deadline exceeded")
+    })
+    .await;
     assert!(!p.logs().iter().any(|l| l.contains("Target timed out")));
     assert_eq!(status(http.get(p.url("/slow?ms=50"))).await, 200);
 
     // While paused, the hold counts against the deadline; an event stream is exempt and
     // waits for the resume.
-    p.ok(&["pause", "app", "--drain-timeout=1s"]);
+    p.ok(&["pause", "app", "--drain-timeout=1s"]).await;
     let held = {
         let http = http.clone();
         let url = p.url("/sse?n=2&interval_ms=50");
@@ -494,22 +503,25 @@ async fn request_deadline_answers_504_including_holds_and_exempts_streams() {
                 .map(|r| r.status())
         })
     };
+    let from = p.logs().len();
     let started = Instant::now();
     assert_eq!(status(http.get(p.url("/"))).await, 504);
     let waited = started.elapsed();
-    assert!(
-        waited >= Duration::from_millis(350) && waited < Duration::from_millis(2500),
-        "{waited:?}"
-    );
+    assert!(waited >= Duration::from_millis(350), "{waited:?}");
+    // The deadline answered it, not the pause's own expiry.
+    p.wait_for_log_after(from, "the deadline firing for the held request", |l| {
+        l.contains("Request deadline exceeded") && l.contains("\"path\":\"/\"")
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    p.ok(&["resume", "app"]);
+    p.ok(&["resume", "app"]).await;
     assert_eq!(held.await.unwrap().unwrap(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn each_gate_uses_the_services_error_pages() {
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
     let dir = tempfile::tempdir().unwrap();
     for code in [401, 403, 429, 504] {
@@ -529,7 +541,8 @@ async fn each_gate_uses_the_services_error_pages() {
             "--rate-limit=0.01",
             "--request-timeout=200ms",
         ],
-    );
+    )
+    .await;
     let r = http.get(p.url("/")).send().await.unwrap();
     assert_eq!(r.status(), 401);
     assert!(r.headers().contains_key("www-authenticate"));
@@ -538,14 +551,16 @@ async fn each_gate_uses_the_services_error_pages() {
     assert_eq!(r.status(), 429);
     assert_eq!(r.text().await.unwrap(), "custom 429");
 
-    p.deploy("app", &b.target(), &[&pages, "--allow-ip=192.0.2.1"]);
+    p.deploy("app", &b.target(), &[&pages, "--allow-ip=192.0.2.1"])
+        .await;
     let r = http.get(p.url("/")).send().await.unwrap();
     assert_eq!(
         (r.status().as_u16(), r.text().await.unwrap()),
         (403, "custom 403".into())
     );
 
-    p.deploy("app", &b.target(), &[&pages, "--request-timeout=200ms"]);
+    p.deploy("app", &b.target(), &[&pages, "--request-timeout=200ms"])
+        .await;
     let r = http.get(p.url("/slow?ms=2000")).send().await.unwrap();
     assert_eq!(
         (r.status().as_u16(), r.text().await.unwrap()),
@@ -556,12 +571,12 @@ async fn each_gate_uses_the_services_error_pages() {
 #[tokio::test(flavor = "multi_thread")]
 async fn deploys_with_invalid_gates_are_refused_with_the_forks_messages() {
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let t = format!("--target={}", b.target());
-    let fails = |extra: &[&str]| {
+    let fails = async |extra: &[&str]| {
         let mut args = vec!["deploy", "app", t.as_str()];
         args.extend_from_slice(extra);
-        p.fails(&args)
+        p.fails(&args).await
     };
     let cases: &[(&[&str], &str)] = &[
         (
@@ -622,12 +637,15 @@ async fn deploys_with_invalid_gates_are_refused_with_the_forks_messages() {
         ),
     ];
     for (extra, message) in cases {
-        let err = fails(extra);
+        let err = fails(extra).await;
         assert_eq!(err.trim(), format!("Error: {message}"), "{extra:?}");
     }
-    assert!(!p.ok(&["list"]).contains("app"), "nothing was deployed");
+    assert!(
+        !p.ok(&["list"]).await.contains("app"),
+        "nothing was deployed"
+    );
     // The flags are in --help.
-    let help = p.ok(&["deploy", "--help"]);
+    let help = p.ok(&["deploy", "--help"]).await;
     for flag in [
         "--allow-ip",
         "--trusted-proxy",
@@ -648,7 +666,7 @@ async fn deploys_with_invalid_gates_are_refused_with_the_forks_messages() {
 #[tokio::test(flavor = "multi_thread")]
 async fn gates_survive_a_restart_and_state_keys_are_the_forks() {
     let b = Backend::start("app").await;
-    let mut p = Proxy::start();
+    let mut p = Proxy::start().await;
     let http = client();
     p.deploy(
         "app",
@@ -663,7 +681,8 @@ async fn gates_survive_a_restart_and_state_keys_are_the_forks() {
             "--rewrite=/a=/b",
             "--request-timeout=5s",
         ],
-    );
+    )
+    .await;
     let state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(p.state_file()).unwrap()).unwrap();
     let o = &state[0]["options"];
@@ -676,7 +695,7 @@ async fn gates_survive_a_restart_and_state_keys_are_the_forks() {
     assert_eq!(o["rewrites"], serde_json::json!(["/a=/b"]));
     assert_eq!(o["request_timeout"], 5_000_000_000i64);
 
-    p.restart();
+    p.restart().await;
     assert_eq!(status(http.get(p.url("/old"))).await, 301);
     assert_eq!(status(http.get(p.url("/x"))).await, 200);
     assert_eq!(status(http.get(p.url("/x"))).await, 200);
@@ -685,8 +704,8 @@ async fn gates_survive_a_restart_and_state_keys_are_the_forks() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn method_matters_for_ping_only_on_its_exact_path() {
-    let p = Proxy::start();
-    let r = common::send(
+    let p = Proxy::start().await;
+    let r = testkit::send(
         &client(),
         Method::DELETE,
         &p.url("/.kamal-proxy/ping"),
@@ -702,7 +721,7 @@ async fn the_server_revalidates_what_a_direct_client_sends() {
     use kamal_proxy::control::{DeployArgs, Request, Response, client::call};
     use kamal_proxy::service::options::{DeploymentOptions, ServiceOptions, TargetOptions};
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let deploy = |o: ServiceOptions, t: TargetOptions| {
         Request::Deploy(Box::new(DeployArgs {
             service: "app".into(),
@@ -745,18 +764,18 @@ async fn the_server_revalidates_what_a_direct_client_sends() {
         err(call(&p.socket(), &deploy(o, TargetOptions::default())).await)
             .starts_with("service options invalid: redirect has an invalid pattern \"/(x\": ")
     );
-    assert!(!p.ok(&["list"]).contains("app"));
+    assert!(!p.ok(&["list"]).await.contains("app"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_deadline_cuts_a_slow_body_off_but_not_an_event_stream() {
     let b = Backend::start("app").await;
-    let p = Proxy::start();
+    let p = Proxy::start().await;
     let http = client();
-    p.deploy("app", &b.target(), &["--request-timeout=500ms"]);
+    p.deploy("app", &b.target(), &["--request-timeout=500ms"])
+        .await;
 
     // Headers in time, body too slow: the body is cut off at the deadline.
-    let started = Instant::now();
     let r = http
         .get(p.url("/drip?n=10&interval_ms=200"))
         .send()
@@ -764,7 +783,6 @@ async fn the_deadline_cuts_a_slow_body_off_but_not_an_event_stream() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.text().await.is_err(), "the body is truncated");
-    assert!(started.elapsed() < Duration::from_millis(1500));
 
     // A response that turns out to be an event stream stops the deadline.
     let r = http
@@ -788,7 +806,8 @@ async fn the_deadline_cuts_a_slow_body_off_but_not_an_event_stream() {
         "app",
         &b.target(),
         &["--request-timeout=500ms", "--buffer-responses"],
-    );
+    )
+    .await;
     let r = http
         .get(p.url("/drip?n=10&interval_ms=200"))
         .send()
@@ -800,21 +819,22 @@ async fn the_deadline_cuts_a_slow_body_off_but_not_an_event_stream() {
 #[tokio::test(flavor = "multi_thread")]
 async fn unreadable_stored_gates_fail_closed_after_a_restart() {
     let b = Backend::start("app").await;
-    let mut p = Proxy::start();
+    let mut p = Proxy::start().await;
     let http = client();
     p.deploy(
         "app",
         &b.target(),
         &["--allow-ip=127.0.0.1", "--basic-auth=u:p"],
-    );
-    p.deploy("other", &b.target(), &["--host=other.test"]);
+    )
+    .await;
+    p.deploy("other", &b.target(), &["--host=other.test"]).await;
     assert_eq!(
         status(http.get(p.url("/")).basic_auth("u", Some("p"))).await,
         200
     );
 
     // A hand-edited state file: the allow list no longer parses.
-    p.terminate();
+    p.terminate().await;
     let path = p.state_file();
     let mut state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -824,7 +844,7 @@ async fn unreadable_stored_gates_fail_closed_after_a_restart() {
         }
     }
     std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
-    p.restart();
+    p.restart().await;
     assert_eq!(
         status(http.get(p.url("/")).basic_auth("u", Some("p"))).await,
         403,
@@ -842,14 +862,15 @@ async fn websockets_outlive_the_request_deadline() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
     let b = Backend::start("app").await;
-    let p = Proxy::start();
-    p.deploy("app", &b.target(), &["--request-timeout=300ms"]);
+    let p = Proxy::start().await;
+    p.deploy("app", &b.target(), &["--request-timeout=300ms"])
+        .await;
     // Held by a pause for longer than the deadline: an upgrade is exempt, so it waits.
-    p.ok(&["pause", "app", "--drain-timeout=1s"]);
+    p.ok(&["pause", "app", "--drain-timeout=1s"]).await;
     let url = format!("ws://127.0.0.1:{}/ws", p.http_port);
     let handshake = tokio::spawn(tokio_tungstenite::connect_async(url));
     tokio::time::sleep(Duration::from_millis(600)).await;
-    p.ok(&["resume", "app"]);
+    p.ok(&["resume", "app"]).await;
     let (mut ws, resp) = handshake.await.unwrap().expect("websocket handshake");
     assert_eq!(resp.status(), 101);
     tokio::time::sleep(Duration::from_millis(700)).await;

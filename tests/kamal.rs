@@ -4,16 +4,15 @@
 //! `.apps-config`, and scale-to-zero with the Docker socket mounted through
 //! `proxy.run.options` while the proxy runs as the image's non-root user.
 
-mod common;
-
-use common::docker;
-use common::kamal::{self, APPS_CONFIG, App, Deploy, KamalHost};
-use common::{client, send};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::docker;
+use testkit::kamal::{self, APPS_CONFIG, App, Deploy, KamalHost};
+use testkit::{client, send};
+use tokio::time::Instant;
 
 const APP_HOST: &str = "app.example.com";
 const ACCESSORY_HOST: &str = "busybox.example.com";
@@ -31,7 +30,7 @@ fn booted(run_options: &[(&str, &str)]) -> Option<KamalHost> {
 }
 
 /// `GET path` with a `Host` header through the published HTTP port.
-async fn get(host: &KamalHost, name: &str, path: &str) -> common::Reply {
+async fn get(host: &KamalHost, name: &str, path: &str) -> testkit::Reply {
     send(&client(), reqwest::Method::GET, &host.url(path), Some(name))
         .await
         .unwrap_or_else(|e| panic!("GET {path} (host {name}) failed: {e}\n{}", host.logs()))
@@ -489,7 +488,7 @@ async fn custom_certificates_from_apps_config() {
     // .kamal/proxy/apps-config/<service>/tls/<role>/ and passes the container paths.
     let tls = host.apps_config().join("app/tls/web");
     std::fs::create_dir_all(&tls).unwrap();
-    let (cert, key, pem) = common::pebble::self_signed(&tls, "generated", &[APP_HOST]);
+    let (cert, key, pem) = testkit::pebble::self_signed(&tls, "generated", &[APP_HOST]);
     std::fs::rename(&cert, tls.join("cert.pem")).unwrap();
     std::fs::rename(&key, tls.join("key.pem")).unwrap();
     for dir in [

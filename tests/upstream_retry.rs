@@ -4,14 +4,12 @@
 //!
 //! The apps here are raw sockets, so the close lands exactly where the test wants it.
 
-mod common;
-
-use common::{Proxy, client};
 use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use testkit::{Proxy, client};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -172,8 +170,8 @@ async fn serve_connection(stream: TcpStream, policy: Policy, seen: Arc<Mutex<See
 
 async fn serve(policy: Policy) -> (App, Proxy) {
     let app = App::start(policy).await;
-    let proxy = Proxy::start();
-    proxy.deploy("app", &app.target(), &[]);
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &app.target(), &[]).await;
     (app, proxy)
 }
 
@@ -365,16 +363,13 @@ async fn connections_idle_near_the_apps_keep_alive_timeout_are_not_reused() {
     let get = |seq: &'static str| c.get(proxy.url("/work")).header("x-seq", seq).send();
     assert_eq!(get("first").await.expect("first").status(), 200);
     // The app said one second; our pool keeps such a connection half a second.
-    assert!(
-        proxy.wait_for_log(
-            |l| l.contains("Target announced its keep-alive timeout")
+    proxy
+        .wait_for_log("the app's keep-alive timeout learned", |l| {
+            l.contains("Target announced its keep-alive timeout")
                 && l.contains("\"keep_alive_timeout\":\"1s\"")
-                && l.contains("\"pool_idle_timeout\":\"500ms\""),
-            Duration::from_secs(10)
-        ),
-        "{}",
-        proxy.logs().join("\n")
-    );
+                && l.contains("\"pool_idle_timeout\":\"500ms\"")
+        })
+        .await;
     assert_eq!(get("second").await.expect("second").status(), 200);
     let before = app.seen(|s| s.app_connections);
     tokio::time::sleep(Duration::from_millis(700)).await;

@@ -101,10 +101,17 @@ async fn serve(args: RunArgs) -> Result<(), String> {
 
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
+    // `--metrics-port 0` means disabled (upstream), so a bound metrics port is never 0.
+    let mut metrics_port = None;
     if args.metrics_port != 0 {
         crate::observe::metrics::enable()?;
         let listener = server::bind(args.metrics_port).await?;
-        tracing::info!(address = %format!(":{}", args.metrics_port), "Metrics enabled");
+        let port = listener
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or(args.metrics_port);
+        tracing::info!(address = %format!(":{port}"), "Metrics enabled");
+        metrics_port = Some(port);
         tasks.push(tokio::spawn(server::serve_metrics(listener, stop.clone())));
     }
     let http = server::bind(args.http_port).await?;
@@ -162,7 +169,18 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         https_shared,
         stop.clone(),
     )));
-    tracing::info!(http = http_port, https = https_port, "Server started");
+    // The ports actually bound, so a caller that passed 0 learns them from this line.
+    match metrics_port {
+        Some(metrics) => {
+            tracing::info!(
+                http = http_port,
+                https = https_port,
+                metrics,
+                "Server started"
+            )
+        }
+        None => tracing::info!(http = http_port, https = https_port, "Server started"),
+    }
 
     wait_for_signal().await;
     control_task.abort();

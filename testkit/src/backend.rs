@@ -46,6 +46,8 @@ struct State {
     connections: AtomicUsize,
     /// `/slow` requests whose connection went away before the answer was ready.
     slow_cancelled: AtomicUsize,
+    /// `/sse` and `/drip` events produced so far (handed to the connection).
+    events_sent: AtomicUsize,
     /// Set by `kill`: every open connection closes.
     killed: tokio::sync::watch::Sender<bool>,
 }
@@ -67,6 +69,7 @@ impl Backend {
             health_hits: AtomicUsize::new(0),
             connections: AtomicUsize::new(0),
             slow_cancelled: AtomicUsize::new(0),
+            events_sent: AtomicUsize::new(0),
             killed: tokio::sync::watch::Sender::new(false),
         });
         let s = state.clone();
@@ -127,6 +130,12 @@ impl Backend {
     /// `/slow` requests abandoned by the caller before they were answered.
     pub fn slow_cancelled(&self) -> usize {
         self.state.slow_cancelled.load(Ordering::SeqCst)
+    }
+
+    /// `/sse` and `/drip` events produced so far: a client that holds event `i` while
+    /// this is `i + 1` got it before the next one existed.
+    pub fn events_sent(&self) -> usize {
+        self.state.events_sent.load(Ordering::SeqCst)
     }
 
     /// Stops accepting new connections (existing ones keep going).
@@ -201,15 +210,19 @@ async fn route(s: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     if path == "/sse" || path == "/drip" {
         let n = query_param(&req, "n").unwrap_or(3);
         let interval = query_param(&req, "interval_ms").unwrap_or(500);
-        let stream = futures_util::stream::unfold(0u64, move |i| async move {
-            if i >= n {
-                return None;
+        let stream = futures_util::stream::unfold(0u64, move |i| {
+            let s = s.clone();
+            async move {
+                if i >= n {
+                    return None;
+                }
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_millis(interval)).await;
+                }
+                s.events_sent.fetch_add(1, Ordering::SeqCst);
+                let frame = Frame::data(Bytes::from(format!("data: event {i}\n\n")));
+                Some((Ok::<_, std::io::Error>(frame), i + 1))
             }
-            if i > 0 {
-                tokio::time::sleep(Duration::from_millis(interval)).await;
-            }
-            let frame = Frame::data(Bytes::from(format!("data: event {i}\n\n")));
-            Some((Ok::<_, std::io::Error>(frame), i + 1))
         });
         let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
         let content_type = if path == "/sse" {

@@ -9,10 +9,8 @@
 //! quoting are Kamal's. Ports are published on 127.0.0.1 only (Kamal's `bind_ips`), on
 //! free host ports. Everything created carries `kamal-proxy-test=1` and is removed on drop.
 
-#![allow(dead_code)]
-
-use super::docker::{self, TEST_LABEL};
-use std::net::{Ipv4Addr, TcpListener};
+use crate::docker::{self, TEST_LABEL};
+use crate::ports::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -33,11 +31,11 @@ pub fn image() -> String {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE
         .get_or_init(|| {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/image");
+            let script = crate::workspace_root().join("scripts/image");
             let started = Instant::now();
             let out = Command::new("bash")
                 .arg(&script)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .current_dir(crate::workspace_root())
                 .output()
                 .expect("run bash scripts/image");
             assert!(
@@ -525,13 +523,6 @@ impl Drop for KamalHost {
 fn set_mode(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral loopback port")
-        .port()
 }
 
 /// Kamal's `Gem::Version` comparison of a proxy image tag with a minimum (`v0.9.2`): the

@@ -5,16 +5,15 @@
 //! CI can sweep leftovers: `docker rm -f $(docker ps -aq --filter label=kamal-proxy-test=1)`.
 //! The shared image is left in place for the next test process (it is tiny).
 
-// Each test crate includes this file and uses a different subset of it.
-#![allow(dead_code)]
-
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::ports::free_port;
 
 pub const TEST_IMAGE: &str = "kamal-proxy-test-busybox:latest";
 pub const TEST_LABEL: &str = "kamal-proxy-test=1";
@@ -248,6 +247,73 @@ pub fn start_events_since(name: &str, since_unix: i64) -> usize {
         .count()
 }
 
+/// How many times the container was started since `since_unix`, read from the engine's
+/// event stream up to a marker event this call causes itself (a labelled volume created
+/// and removed). The marker is the positive signal: every start the engine recorded
+/// before it is counted, so "none" means none happened, with no waiting and hoping.
+pub async fn starts_before_marker(name: &str, since_unix: i64) -> usize {
+    let marker = format!("kamal-proxy-test-marker-{}", unique_suffix());
+    let docker = |args: Vec<String>| async move {
+        let out = tokio::process::Command::new("docker")
+            .args(&args)
+            .output()
+            .await
+            .expect("run the docker CLI");
+        assert!(
+            out.status.success(),
+            "docker {} failed: {}",
+            args.join(" "),
+            stderr(&out)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    docker(owned(&["volume", "create", "--label", TEST_LABEL, &marker])).await;
+    docker(owned(&["volume", "rm", &marker])).await;
+    crate::poll_until(
+        "the engine's event stream to reach the marker",
+        Duration::from_secs(20),
+        || {
+            let args = owned(&[
+                "events",
+                "--since",
+                &since_unix.to_string(),
+                "--until",
+                &until_now(),
+                "--filter",
+                "type=container",
+                "--filter",
+                "type=volume",
+                "--format",
+                "{{.Type}} {{.Action}} {{.Actor.ID}} {{index .Actor.Attributes \"name\"}}",
+            ]);
+            let marker = marker.clone();
+            async move {
+                let mut starts = 0;
+                for line in docker(args).await.lines() {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    match fields.as_slice() {
+                        ["volume", "create", id, ..] if *id == marker => return Some(starts),
+                        ["container", "start", _, n] if *n == name => starts += 1,
+                        _ => {}
+                    }
+                }
+                None
+            }
+        },
+    )
+    .await
+}
+
+/// Fractional "now" for `docker events --until`: a whole-second bound would either cut
+/// off this second's events or, rounded up, make `docker events` wait for the future.
+fn until_now() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    format!("{}.{:09}", now.as_secs(), now.subsec_nanos())
+}
+
 pub fn now_unix() -> i64 {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -293,13 +359,6 @@ pub fn wait_until_ready(container: &TestContainer) -> Result<(), String> {
             _ => std::thread::sleep(Duration::from_millis(50)),
         }
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .expect("bind an ephemeral loopback port")
-        .port()
 }
 
 /// Unique across threads and concurrent test processes.
@@ -351,7 +410,7 @@ pub fn docker_socket_path() -> std::path::PathBuf {
         .unwrap_or_else(|| "/var/run/docker.sock".into())
 }
 
-/// The `test_backend` example binary (tests/common/backend.rs as a program), built on
+/// The `test_backend` example binary (testkit/src/backend.rs as a program), built on
 /// demand so a single `cargo test --test …` works too.
 pub fn test_backend_binary() -> std::path::PathBuf {
     static BUILT: OnceLock<std::path::PathBuf> = OnceLock::new();
@@ -367,7 +426,7 @@ pub fn test_backend_binary() -> std::path::PathBuf {
             }
             let status = Command::new(env!("CARGO"))
                 .args(&args)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .current_dir(crate::workspace_root())
                 .status()
                 .expect("run cargo build --example test_backend");
             assert!(status.success(), "building the test_backend example failed");

@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-pub const GO_FIXTURE: &str = include_str!("../fixtures/go-kamal-proxy.state");
+pub const GO_FIXTURE: &str = include_str!("../../tests/fixtures/go-kamal-proxy.state");
 
 /// Go's field types, by JSON key. `[string]` is a Go `[]string` (null decodes as nil),
 /// `int` a Go integer or `time.Duration` (a JSON number with no fraction that fits in

@@ -142,12 +142,6 @@ pub async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(
     response
 }
 
-/// A free TCP port on loopback (for `--metrics-port`, or a target nobody listens on).
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
 /// A scripted app on a raw socket: `/up` answers 200, anything else gets `answer` verbatim
 /// and the connection is closed right after.
 pub async fn scripted_backend(

@@ -20,20 +20,7 @@ pub struct Pebble {
     management_port: u16,
 }
 
-/// A TCP port nobody listens on right now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .expect("free udp port")
-}
+use crate::ports::{free_port, free_udp_port};
 
 /// Whether pebble can run here. Under `CI=true` a missing pebble is a failure.
 pub fn available() -> bool {
