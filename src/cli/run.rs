@@ -4,12 +4,14 @@ use clap::Args;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use super::values::{go_bool, port};
+use super::values::{duration, go_bool, int64, port};
 use crate::config::{env_bool, env_int, env_value};
 use crate::control::server::ControlListener;
+use crate::gotime::GoDuration;
 use crate::lifecycle::ContainerLifecycle;
 use crate::lifecycle::docker::{check_socket_path, connect};
 use crate::router::Router;
+use crate::server::limits::{self, ConnectionSlots, Limits};
 use crate::server::{self, Proxy};
 
 #[derive(Args, Debug)]
@@ -50,6 +52,48 @@ pub struct RunArgs {
     /// disabled) [env: KAMAL_PROXY_DOCKER_SOCKET, DOCKER_SOCKET]
     #[arg(long = "docker-socket", default_value_t = env_value("DOCKER_SOCKET").unwrap_or_default())]
     docker_socket: String,
+    /// Answer 408 and close the connection when a client sends no byte of its request
+    /// body for this long (0 = wait for ever) [env: KAMAL_PROXY_BODY_READ_TIMEOUT, BODY_READ_TIMEOUT]
+    #[arg(long = "body-read-timeout", value_parser = body_read_timeout, default_value_t = env_parsed("BODY_READ_TIMEOUT", body_read_timeout, GoDuration::from_secs(60)), value_name = "DURATION")]
+    body_read_timeout: GoDuration,
+    /// Most client connections open at once on the HTTP and HTTPS ports; past it, new
+    /// connections wait in the listen backlog [env: KAMAL_PROXY_MAX_CONNECTIONS, MAX_CONNECTIONS]
+    #[arg(long = "max-connections", value_parser = max_connections, default_value_t = env_parsed("MAX_CONNECTIONS", max_connections, limits::DEFAULT_MAX_CONNECTIONS), value_name = "COUNT")]
+    max_connections: usize,
+    /// Largest request head (request line and headers) in bytes; larger ones get 431
+    /// [env: KAMAL_PROXY_MAX_REQUEST_HEADER_SIZE, MAX_REQUEST_HEADER_SIZE]
+    #[arg(long = "max-request-header-size", value_parser = max_header_size, default_value_t = env_parsed("MAX_REQUEST_HEADER_SIZE", max_header_size, limits::DEFAULT_MAX_HEADER_BYTES), value_name = "BYTES")]
+    max_request_header_size: usize,
+}
+
+/// An environment default parsed as the flag is; a value that does not parse falls back
+/// to the built-in default, as upstream's integer flags do.
+fn env_parsed<T>(key: &str, parse: fn(&str) -> Result<T, String>, default: T) -> T {
+    env_value(key)
+        .and_then(|v| parse(&v).ok())
+        .unwrap_or(default)
+}
+
+fn body_read_timeout(s: &str) -> Result<GoDuration, String> {
+    let d = duration(s)?;
+    if d.is_negative() {
+        return Err("must not be negative (0 disables it)".into());
+    }
+    Ok(d)
+}
+
+fn max_connections(s: &str) -> Result<usize, String> {
+    match int64(s)? {
+        n @ 1..=1_000_000 => Ok(n as usize),
+        _ => Err("must be between 1 and 1000000".into()),
+    }
+}
+
+fn max_header_size(s: &str) -> Result<usize, String> {
+    match int64(s)? {
+        n @ 1024..=0xFFFF_FFFF => Ok(n as usize),
+        _ => Err("must be between 1024 and 4294967295 bytes".into()),
+    }
 }
 
 pub fn run(args: RunArgs) -> i32 {
@@ -87,9 +131,21 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         Some(Arc::new(docker))
     };
 
-    raise_open_files_limit();
+    let open_files = raise_open_files_limit();
+    // Each proxied connection holds two descriptors (client and app).
+    if open_files.is_some_and(|n| (args.max_connections as u64).saturating_mul(2) + 64 > n) {
+        tracing::warn!(
+            max_connections = args.max_connections,
+            open_files_limit = open_files,
+            "The open files limit is too low for --max-connections; descriptors may run out first"
+        );
+    }
     let data_dir = crate::config::prepare_data_dir()?;
-    let router = Router::new(data_dir.join(crate::config::STATE_FILE_NAME), lifecycle);
+    let state_path = data_dir.join(crate::config::STATE_FILE_NAME);
+    for leftover in crate::router::state::remove_stale_temp_files(&state_path) {
+        tracing::info!(path = %leftover.display(), "Removed leftover temp state file");
+    }
+    let router = Router::new(state_path, lifecycle);
     let acme_directory = if args.acme_directory.is_empty() {
         crate::tls::cache::LETS_ENCRYPT_PRODUCTION.to_string()
     } else {
@@ -147,13 +203,27 @@ async fn serve(args: RunArgs) -> Result<(), String> {
             crate::config::socket_path().display()
         )
     })?;
+    let limits = Limits {
+        max_connections: args.max_connections,
+        max_header_bytes: args.max_request_header_size,
+        body_read_timeout: args
+            .body_read_timeout
+            .is_positive()
+            .then(|| args.body_read_timeout.to_std()),
+    };
     let proxy = Arc::new(Proxy {
         router: router.clone(),
-        forwarder: crate::proxy::Forwarder::new(),
+        forwarder: crate::proxy::Forwarder::new(limits.body_read_timeout),
         http_port: args.http_port,
         https_port: args.https_port,
+        limits,
+        slots: ConnectionSlots::new(limits.max_connections),
     });
     let control_task = tokio::spawn(control.serve(router.clone()));
+    tasks.push(tokio::spawn(server::trim::after_bursts(
+        proxy.slots.clone(),
+        stop.clone(),
+    )));
     let http_task = tokio::spawn(server::serve_http(http, proxy.clone(), stop.clone()));
     #[cfg(feature = "http3")]
     if let Some(endpoint) = h3_endpoint {
@@ -212,26 +282,30 @@ async fn wait_for_signal() {
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit, as Go's runtime does at start: a
 /// proxy holds two descriptors per proxied connection, and the usual soft 1,024 runs out
-/// long before the machine does.
-fn raise_open_files_limit() {
+/// long before the machine does. Returns the soft limit in force.
+fn raise_open_files_limit() -> Option<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max
-        {
-            return;
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return None;
+        }
+        if limit.rlim_cur >= limit.rlim_max {
+            return Some(limit.rlim_cur);
         }
         let soft = limit.rlim_cur;
         limit.rlim_cur = limit.rlim_max;
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
-            tracing::debug!(
-                from = soft,
-                to = limit.rlim_max,
-                "Raised the open files limit"
-            );
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+            return Some(soft);
         }
+        tracing::debug!(
+            from = soft,
+            to = limit.rlim_max,
+            "Raised the open files limit"
+        );
+        Some(limit.rlim_max)
     }
 }

@@ -20,7 +20,42 @@ pub struct RequestBody {
     /// Dropped once the body has been handed over in full (or abandoned): the
     /// `--target-timeout` wait for response headers starts then.
     sent: Option<oneshot::Sender<()>>,
+    /// `--body-read-timeout`, for a body still coming from the client.
+    silence: Option<Silence>,
 }
+
+/// How long the client has left us waiting for the next byte of its body. The clock
+/// runs only while we are asking for one: an app that reads slowly (and so stops asking)
+/// does not count against the client.
+struct Silence {
+    limit: std::time::Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    waiting: bool,
+}
+
+impl Silence {
+    /// Called when the client has nothing for us: whether it has been silent too long.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.waiting {
+            self.waiting = true;
+            let at = tokio::time::Instant::now() + self.limit;
+            self.timer.as_mut().reset(at);
+        }
+        self.timer.as_mut().poll(cx).is_ready()
+    }
+}
+
+/// The client sent no byte of its body for `--body-read-timeout`.
+#[derive(Debug)]
+pub struct BodyReadTimeout;
+
+impl std::fmt::Display for BodyReadTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("request body read timed out")
+    }
+}
+
+impl std::error::Error for BodyReadTimeout {}
 
 enum RequestKind {
     Stream(Incoming),
@@ -42,7 +77,25 @@ impl RequestBody {
     }
 
     fn new(kind: RequestKind) -> Self {
-        RequestBody { kind, sent: None }
+        RequestBody {
+            kind,
+            sent: None,
+            silence: None,
+        }
+    }
+
+    /// Fails the body with [`BodyReadTimeout`] when the client sends nothing for
+    /// `limit` while we wait for it (`None`: wait for ever). A body that has already
+    /// ended pays for no timer.
+    pub fn read_timeout(mut self, limit: Option<std::time::Duration>) -> Self {
+        if let Some(limit) = limit.filter(|_| !self.is_end_stream()) {
+            self.silence = Some(Silence {
+                limit,
+                timer: Box::pin(tokio::time::sleep(limit)),
+                waiting: false,
+            });
+        }
+        self
     }
 
     /// Resolves once the whole body has been sent; `None` when there is nothing to send
@@ -71,6 +124,15 @@ impl Body for RequestBody {
             RequestKind::Buffered(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             RequestKind::Empty => Poll::Ready(None),
         };
+        if let Some(silence) = this.silence.as_mut() {
+            if polled.is_ready() {
+                silence.waiting = false;
+            } else if silence.expired(cx) {
+                this.silence = None;
+                this.sent = None;
+                return Poll::Ready(Some(Err(Box::new(BodyReadTimeout))));
+            }
+        }
         if this.sent.is_some() && (matches!(polled, Poll::Ready(None)) || this.is_end_stream()) {
             this.sent = None;
         }

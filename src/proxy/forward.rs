@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::body::finish;
-use super::body::{RequestBody, ResponseBody};
+use super::body::{BodyReadTimeout, RequestBody, ResponseBody};
 use super::buffer::{BufferError, SpillBuffer};
 use super::exchange::Exchange;
 use super::headers::{self, ForwardedFor};
@@ -41,12 +41,8 @@ pub struct Forwarder {
     /// Hosts that announced `Keep-Alive: timeout=N`, and their rung.
     keep_alive: Arc<keep_alive::Hosts>,
     connector: HttpConnector,
-}
-
-impl Default for Forwarder {
-    fn default() -> Self {
-        Self::new()
-    }
+    /// `run --body-read-timeout`.
+    body_read_timeout: Option<Duration>,
 }
 
 /// What the service has decided about a request before it is forwarded.
@@ -83,7 +79,9 @@ impl UpstreamRequest<'_> {
 }
 
 impl Forwarder {
-    pub fn new() -> Self {
+    /// `body_read_timeout`: how long a client may leave its request body silent
+    /// (`None`: for ever).
+    pub fn new(body_read_timeout: Option<Duration>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         Forwarder {
@@ -94,6 +92,7 @@ impl Forwarder {
             rungs: Arc::new(Default::default()),
             keep_alive: Arc::default(),
             connector,
+            body_read_timeout,
         }
     }
 
@@ -160,6 +159,7 @@ impl Forwarder {
         let head_request = parts.method == http::Method::HEAD;
         // Kept for a rejection's rendering (a copy only for a non-standard method).
         let method = parts.method.clone();
+        let incoming = RequestBody::stream(incoming).read_timeout(self.body_read_timeout);
         let mut body = if opts.buffer_requests && upgrade.is_none() {
             let buffered = match up.deadline {
                 Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))
@@ -174,7 +174,7 @@ impl Forwarder {
                 }
             }
         } else {
-            RequestBody::stream(incoming)
+            incoming
         };
 
         let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -277,9 +277,14 @@ impl Forwarder {
             }
             Some(Err(fired)) => return up.reject(fired, uri.path(), &method, exchange),
             Some(Ok(Err(SendError { error: e, .. }))) if client_body_failed(&e) => {
-                // The client's own body could not be read (malformed chunking): its fault.
-                let bad = Rejection::BadRequestBody {
-                    detail: describe(&e),
+                // The client's own body could not be read (malformed chunking) or did not
+                // come: its fault.
+                let bad = if body_timed_out(&e) {
+                    Rejection::BodyReadTimeout
+                } else {
+                    Rejection::BadRequestBody {
+                        detail: describe(&e),
+                    }
                 };
                 return up.reject(bad, uri.path(), &method, exchange);
             }
@@ -475,6 +480,18 @@ fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
     false
 }
 
+/// Whether the client's body failed because it went silent (`--body-read-timeout`).
+fn body_timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(s) = source {
+        if s.is::<BodyReadTimeout>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
 fn describe(e: &hyper_util::client::legacy::Error) -> String {
     use std::error::Error;
     let mut msg = e.to_string();
@@ -488,15 +505,21 @@ fn describe(e: &hyper_util::client::legacy::Error) -> String {
 }
 
 async fn buffer_request(
-    mut body: Incoming,
+    mut body: RequestBody,
     opts: &TargetOptions,
 ) -> Result<RequestBody, Rejection> {
     let mut buf = SpillBuffer::new(opts.max_memory_buffer_size, opts.max_request_body_size);
     while let Some(frame) = body.frame().await {
         // A body that cannot be read is the client's fault (malformed chunking, early
-        // close): upstream answers 400 too.
-        let frame = frame.map_err(|e| Rejection::BadRequestBody {
-            detail: e.to_string(),
+        // close, silence): upstream answers 400 too.
+        let frame = frame.map_err(|e| {
+            if body_timed_out(e.as_ref()) {
+                Rejection::BodyReadTimeout
+            } else {
+                Rejection::BadRequestBody {
+                    detail: e.to_string(),
+                }
+            }
         })?;
         if let Ok(data) = frame.into_data() {
             buf.write(data).await.map_err(|e| match e {

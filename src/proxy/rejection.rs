@@ -66,6 +66,12 @@ pub enum Rejection {
     },
     /// The client's own body could not be read, e.g. malformed chunking (400).
     BadRequestBody { detail: String },
+    /// The request has no single meaning: a duplicate or missing `Host`, or a `host`
+    /// that contradicts HTTP/2's `:authority` (400, connection closed).
+    BadRequest { reason: &'static str },
+    /// The client sent no byte of its body for `--body-read-timeout` (408, connection
+    /// closed, as nginx's `client_body_timeout`).
+    BodyReadTimeout,
     /// A buffered request body over `--max-request-body` (413).
     RequestTooLarge,
     /// A buffered response over `--max-response-body` (500, as upstream).
@@ -93,7 +99,10 @@ impl Rejection {
             | Rejection::TargetTimeout
             | Rejection::Drained => StatusCode::GATEWAY_TIMEOUT,
             Rejection::TargetFailed { .. } => StatusCode::BAD_GATEWAY,
-            Rejection::BadRequestBody { .. } => StatusCode::BAD_REQUEST,
+            Rejection::BadRequestBody { .. } | Rejection::BadRequest { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            Rejection::BodyReadTimeout => StatusCode::REQUEST_TIMEOUT,
             Rejection::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::ResponseTooLarge | Rejection::BufferFailed { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -129,6 +138,12 @@ impl Rejection {
             Rejection::BadRequestBody { detail } => {
                 tracing::info!(service, path, error = %detail, "Malformed request")
             }
+            Rejection::BadRequest { reason } => {
+                tracing::info!(service, path, error = reason, "Malformed request")
+            }
+            Rejection::BodyReadTimeout => {
+                tracing::info!(service, path, "Request body read timed out")
+            }
             Rejection::ResponseTooLarge => {
                 tracing::info!(service, path, "Response exceeded max response limit")
             }
@@ -153,6 +168,14 @@ impl Rejection {
                 r
             }
             Rejection::NotFound => error_response(status, None, None),
+            // Nothing more on this connection can be trusted to mean what it says (or to
+            // come at all): close it after the answer.
+            Rejection::BadRequest { .. } | Rejection::BodyReadTimeout => {
+                let mut r = error_response(status, pages, None);
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                r
+            }
             Rejection::Redirect { location, .. } => redirect(method, status, &location),
             Rejection::Stopped { message } => {
                 let message = (!message.is_empty()).then_some(message.as_str());

@@ -223,8 +223,54 @@ fn tmp_path(path: &Path) -> PathBuf {
         .file_name()
         .map(|n| n.to_os_string())
         .unwrap_or_default();
-    name.push(format!(".tmp-{}", std::process::id()));
+    name.push(format!("{TMP_INFIX}{}", std::process::id()));
     path.with_file_name(name)
+}
+
+const TMP_INFIX: &str = ".tmp-";
+
+/// Removes the temp files a killed process left beside the state file
+/// (`<name>.tmp-<pid>`), and returns them. Only a dead writer's: during a proxy upgrade
+/// two generations may share the data dir, and the other one's save may be in flight.
+/// Our own pid's file is left too: our first save reuses (and renames) it.
+pub fn remove_stale_temp_files(path: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Vec::new();
+    };
+    let prefix = format!("{}{TMP_INFIX}", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || process_alive(pid) {
+            continue;
+        }
+        if std::fs::remove_file(entry.path()).is_ok() {
+            removed.push(entry.path());
+        }
+    }
+    removed
+}
+
+/// Whether a process with this pid exists (in our pid namespace). Only "no such
+/// process" counts as dead: one we may not signal is alive.
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 sends nothing; kill only checks that the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Moves a corrupt file aside (never overwritten silently) and returns where it went.
@@ -257,6 +303,38 @@ pub fn set_aside(path: &Path) -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leftover_temp_files_of_dead_writers_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("kamal-proxy.state");
+        let dead = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = dead.id();
+        let mut dead = dead;
+        dead.wait().unwrap();
+        let live = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let names = [
+            format!("kamal-proxy.state.tmp-{dead_pid}"),
+            format!("kamal-proxy.state.tmp-{}", live.id()),
+            format!("kamal-proxy.state.tmp-{}", std::process::id()),
+            "kamal-proxy.state.tmp-notapid".to_string(),
+            format!("other.state.tmp-{dead_pid}"),
+        ];
+        for n in &names {
+            std::fs::write(dir.path().join(n), b"[]").unwrap();
+        }
+        let removed = remove_stale_temp_files(&state);
+        let mut live = live;
+        let _ = live.kill();
+        let _ = live.wait();
+        assert_eq!(removed, vec![dir.path().join(&names[0])]);
+        for n in &names[1..] {
+            assert!(dir.path().join(n).exists(), "{n} kept");
+        }
+    }
 
     #[test]
     fn loads_upstream_array_and_legacy_keys() {

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::service::Service;
+use crate::service::options::normalize_host;
 
 type Bindings = Vec<(Arc<str>, Arc<Service>)>;
 
@@ -63,9 +64,10 @@ impl RouteTable {
         self.default.as_ref()
     }
 
-    /// The service for a request and the prefix it matched.
+    /// The service for a request and the prefix it matched. Hosts are deployed
+    /// normalized; the request's is normalized here, so `App.Test.` finds `app.test`.
     pub fn lookup(&self, host: &str, path: &str) -> Option<(&Arc<Service>, &Arc<str>)> {
-        let bindings = self.bindings_for(host)?;
+        let bindings = self.bindings_for(&normalize_host(host))?;
         bindings
             .iter()
             .find(|(prefix, _)| prefix_matches(prefix, path))

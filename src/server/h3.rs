@@ -63,10 +63,10 @@ pub async fn serve(endpoint: quinn::Endpoint, proxy: Arc<Proxy>, stop: Cancellat
                 }
             };
             let client = normalize(connection.remote_address());
-            let mut h3 = match h3::server::Connection::<_, Bytes>::new(h3_quinn::Connection::new(
-                connection,
-            ))
-            .await
+            let mut h3 = match h3::server::builder()
+                .max_field_section_size(proxy.limits.max_header_bytes as u64)
+                .build::<_, Bytes>(h3_quinn::Connection::new(connection))
+                .await
             {
                 Ok(c) => c,
                 Err(e) => {
@@ -145,15 +145,16 @@ async fn serve_request(
     };
 
     let (parts, ()) = req.into_parts();
+    // Absolute-form when there is an `:authority`, so the pipeline can hold it against a
+    // `host` header as it does for HTTP/2.
+    let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let target = match parts.uri.authority() {
+        Some(authority) => format!("https://{authority}{path}"),
+        None => path.to_string(),
+    };
     let mut bridged = Request::builder()
         .method(parts.method)
-        .uri(
-            parts
-                .uri
-                .path_and_query()
-                .map_or("/", |pq| pq.as_str())
-                .to_string(),
-        )
+        .uri(target)
         .version(Version::HTTP_11);
     if let Some(headers) = bridged.headers_mut() {
         *headers = parts.headers;
@@ -169,13 +170,14 @@ async fn serve_request(
 
     let (client_io, server_io) = tokio::io::duplex(64 * 1024);
     let conn = Conn { client, tls: true };
+    let limits = proxy.limits;
     tokio::spawn(async move {
         let service = service_fn(move |mut req| {
             let proxy = proxy.clone();
             *req.version_mut() = Version::HTTP_3;
             async move { Ok::<_, Infallible>(handle(&proxy, req, conn).await) }
         });
-        let _ = hyper::server::conn::http1::Builder::new()
+        let _ = super::http1_builder(&limits)
             .serve_connection(TokioIo::new(server_io), service)
             .await;
     });

@@ -1,6 +1,7 @@
 //! The HTTPS listener: TLS (rustls on aws-lc-rs) with the certificate chosen by SNI, ALPN
-//! `h2`, `http/1.1` and `acme-tls/1`, then HTTP/1.1 or HTTP/2 (with upgrades) into the same
-//! request pipeline as the HTTP port.
+//! `h2`, `http/1.1` and `acme-tls/1`, then HTTP/1.1 (with upgrades) or HTTP/2, as ALPN
+//! chose (as Go's server: no ALPN means HTTP/1.1), into the same request pipeline as the
+//! HTTP port.
 
 use http::{HeaderValue, header};
 use hyper::service::service_fn;
@@ -14,7 +15,9 @@ use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::certificates::{TlsResolver, offers_acme_tls, prepare};
-use super::{Proxy, accept_loop, handle, normalize};
+use super::idle::{Activity, Counted};
+use super::limits::IDLE_TIMEOUT;
+use super::{Proxy, accept_loop, handle, http1_builder, normalize};
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
 
@@ -38,7 +41,8 @@ pub struct Https {
     pub config: Arc<rustls::ServerConfig>,
     /// `Alt-Svc` advertising HTTP/3, when it is served.
     pub alt_svc: Option<HeaderValue>,
-    http: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    http1: hyper::server::conn::http1::Builder,
+    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
 }
 
 impl Https {
@@ -47,20 +51,24 @@ impl Https {
         config: Arc<rustls::ServerConfig>,
         alt_svc: Option<HeaderValue>,
     ) -> Arc<Https> {
-        let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        http.http1().timer(TokioTimer::new());
-        http.http2().timer(TokioTimer::new());
+        let http1 = http1_builder(&proxy.limits);
+        let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(proxy.limits.max_header_bytes).unwrap_or(u32::MAX));
         Arc::new(Https {
             proxy,
             config,
             alt_svc,
-            http,
+            http1,
+            http2,
         })
     }
 }
 
 pub async fn serve_https(listener: TcpListener, https: Arc<Https>, stop: CancellationToken) {
-    accept_loop(listener, stop, move |stream, client, draining| {
+    let slots = https.proxy.slots.clone();
+    accept_loop(listener, &slots, stop, move |stream, client, draining| {
         serve_connection(stream, client, https.clone(), draining)
     })
     .await
@@ -132,33 +140,84 @@ async fn serve_connection(
         client: normalize(client),
         tls: true,
     };
-    let shared = https.clone();
-    let service = service_fn(move |req| {
-        let https = shared.clone();
-        async move {
-            let mut response = handle(&https.proxy, req, conn).await;
-            if let Some(alt_svc) = &https.alt_svc {
-                if !response.headers().contains_key(header::ALT_SVC) {
-                    response
-                        .headers_mut()
-                        .insert(header::ALT_SVC, alt_svc.clone());
-                }
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let io = TokioIo::new(tls);
+    let result = if h2 {
+        serve_h2(io, https, conn, draining).await
+    } else {
+        let shared = https.clone();
+        let service = service_fn(move |req| {
+            let https = shared.clone();
+            async move { Ok::<_, Infallible>(respond(&https, req, conn).await) }
+        });
+        let connection = https.http1.serve_connection(io, service).with_upgrades();
+        let mut connection = std::pin::pin!(connection);
+        tokio::select! {
+            r = connection.as_mut() => r,
+            _ = draining.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
             }
-            Ok::<_, Infallible>(response)
-        }
-    });
-    let connection = https
-        .http
-        .serve_connection_with_upgrades(TokioIo::new(tls), service);
-    let mut connection = std::pin::pin!(connection);
-    let result = tokio::select! {
-        r = connection.as_mut() => r,
-        _ = draining.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
         }
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "Connection error");
     }
+}
+
+/// One HTTP/2 connection: shut down gracefully (GOAWAY, open streams finish) on drain,
+/// or once it has had no open stream for [`IDLE_TIMEOUT`].
+async fn serve_h2<I>(
+    io: I,
+    https: Arc<Https>,
+    conn: Conn,
+    draining: CancellationToken,
+) -> hyper::Result<()>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::default());
+    let counted = activity.clone();
+    let shared = https.clone();
+    let service = service_fn(move |req| {
+        let https = shared.clone();
+        let stream = counted.begin();
+        async move {
+            let response = respond(&https, req, conn).await;
+            Ok::<_, Infallible>(response.map(|body| Counted::new(body, stream)))
+        }
+    });
+    let connection = https.http2.serve_connection(io, service);
+    let mut connection = std::pin::pin!(connection);
+    let idle = activity.idle_for(IDLE_TIMEOUT);
+    let mut idle = std::pin::pin!(idle);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = connection.as_mut() => return r,
+            _ = draining.cancelled(), if !closing => {}
+            _ = idle.as_mut(), if !closing => {
+                tracing::debug!(client = %conn.client, "Closing idle HTTP/2 connection");
+            }
+        }
+        closing = true;
+        connection.as_mut().graceful_shutdown();
+    }
+}
+
+/// The pipeline's answer, with `Alt-Svc` when HTTP/3 is served.
+async fn respond(
+    https: &Https,
+    req: http::Request<hyper::body::Incoming>,
+    conn: Conn,
+) -> http::Response<crate::proxy::body::ResponseBody> {
+    let mut response = handle(&https.proxy, req, conn).await;
+    if let Some(alt_svc) = &https.alt_svc {
+        if !response.headers().contains_key(header::ALT_SVC) {
+            response
+                .headers_mut()
+                .insert(header::ALT_SVC, alt_svc.clone());
+        }
+    }
+    response
 }

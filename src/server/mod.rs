@@ -14,9 +14,13 @@ use tokio_util::sync::CancellationToken;
 
 mod acme_http01;
 pub mod certificates;
+mod framing;
 #[cfg(feature = "http3")]
 pub mod h3;
 pub mod https;
+mod idle;
+pub mod limits;
+pub mod trim;
 
 use crate::observe::access::{AccessRecord, header_values, no_logged_headers};
 use crate::proxy::Forwarder;
@@ -26,6 +30,7 @@ use crate::proxy::headers::{X_FORWARDED_FOR, X_REQUEST_ID, X_REQUEST_START};
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::router::Router;
 use crate::service::{Conn, host_without_port, request_host};
+use limits::{ConnectionSlots, IDLE_TIMEOUT, Limits};
 
 pub const PING_PATH: &str = "/.kamal-proxy/ping";
 /// Upstream's shutdown grace: in-flight requests get this long to finish.
@@ -37,6 +42,9 @@ pub struct Proxy {
     pub forwarder: Forwarder,
     pub http_port: u16,
     pub https_port: u16,
+    pub limits: Limits,
+    /// `--max-connections`, shared by the HTTP and HTTPS listeners.
+    pub slots: ConnectionSlots,
 }
 
 /// Binds like Go's `net.Listen("tcp", ":port")`, with Go's error wording.
@@ -94,10 +102,29 @@ fn io_text(e: &std::io::Error) -> String {
 /// Serves plain HTTP/1.x (upstream's HTTP port speaks no h2c) until `stop` is cancelled,
 /// then lets in-flight requests finish for up to [`SHUTDOWN_TIMEOUT`].
 pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, stop: CancellationToken) {
-    accept_loop(listener, stop, move |stream, client, draining| {
-        serve_connection(stream, client, proxy.clone(), false, draining)
+    let slots = proxy.slots.clone();
+    let http1 = http1_builder(&proxy.limits);
+    accept_loop(listener, &slots, stop, move |stream, client, draining| {
+        serve_connection(stream, client, proxy.clone(), http1.clone(), draining)
     })
     .await
+}
+
+/// HTTP/1.x as every listener serves it: request heads up to `--max-request-header-size`
+/// (431 past it), and a connection closed after [`IDLE_TIMEOUT`] without a request head.
+pub(crate) fn http1_builder(limits: &Limits) -> hyper::server::conn::http1::Builder {
+    // hyper's read buffer stops growing at ~400 KiB and answers 431 there too: a larger
+    // head limit needs a larger buffer.
+    const HYPER_DEFAULT_MAX_BUF: usize = 8192 + 4096 * 100;
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(IDLE_TIMEOUT)
+        .max_header_size(limits.max_header_bytes);
+    if limits.max_header_bytes >= HYPER_DEFAULT_MAX_BUF {
+        builder.max_buf_size(limits.max_header_bytes + 1);
+    }
+    builder
 }
 
 /// Accept failures (a full descriptor table, mostly): a growing pause between attempts,
@@ -146,8 +173,12 @@ impl AcceptBackoff {
 /// Accepts connections until `stop` is cancelled and serves each with `serve`; then
 /// cancels the `draining` token every connection got and waits up to
 /// [`SHUTDOWN_TIMEOUT`] for them to close.
-pub async fn accept_loop<F, Fut>(listener: TcpListener, stop: CancellationToken, serve: F)
-where
+pub async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    slots: &ConnectionSlots,
+    stop: CancellationToken,
+    serve: F,
+) where
     F: Fn(TcpStream, SocketAddr, CancellationToken) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -155,6 +186,7 @@ where
     let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
     let draining = CancellationToken::new();
     let mut backoff = AcceptBackoff::default();
+    let mut full_logged: Option<tokio::time::Instant> = None;
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -175,10 +207,27 @@ where
                 continue;
             }
         };
+        // Past `--max-connections`, this one waits for a slot and the loop accepts no
+        // more: new connections wait in the kernel's backlog.
+        let full = |limit| {
+            let now = tokio::time::Instant::now();
+            if full_logged.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1)) {
+                full_logged = Some(now);
+                tracing::warn!(
+                    max_connections = limit,
+                    "Connection limit reached; new connections wait"
+                );
+            }
+        };
+        let slot = tokio::select! {
+            s = slots.acquire(full) => s,
+            _ = stop.cancelled() => break,
+        };
         let open = open_tx.clone();
         let connection = serve(stream, client, draining.clone());
         tokio::spawn(async move {
             let _open = open;
+            let _slot = slot;
             connection.await;
         });
     }
@@ -200,20 +249,19 @@ async fn serve_connection(
     stream: TcpStream,
     client: SocketAddr,
     proxy: Arc<Proxy>,
-    tls: bool,
+    http1: hyper::server::conn::http1::Builder,
     draining: CancellationToken,
 ) {
     let _ = stream.set_nodelay(true);
     let conn = Conn {
         client: normalize(client),
-        tls,
+        tls: false,
     };
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
         async move { Ok::<_, Infallible>(handle(&proxy, req, conn).await) }
     });
-    let connection = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
+    let connection = http1
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     let mut connection = std::pin::pin!(connection);
@@ -262,6 +310,15 @@ pub async fn handle(
     let record = access_record(proxy, &req, conn, request_id);
     let exchange = Exchange::new(record);
 
+    // One meaning per request: which host it is for, or a 400 when that is ambiguous.
+    if let Err(rejection) = framing::settle(&mut req) {
+        let at = Refused {
+            service: "",
+            path: req.uri().path(),
+            method: req.method(),
+        };
+        return rejection.respond(&at, None, exchange);
+    }
     let host = host_without_port(request_host(&req).unwrap_or(""));
     let Some((service, prefix)) = proxy.router.lookup(host, req.uri().path()) else {
         let at = Refused {

@@ -1,0 +1,113 @@
+//! What a client may hold, so a hostile or broken one costs a bounded amount: open
+//! connections, the size of a request head, how long a request body may go silent and
+//! how long a connection may sit idle.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// `run --max-connections`: well under the descriptors a raised `RLIMIT_NOFILE` gives,
+/// at two per proxied connection.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
+/// `run --max-request-header-size`: nginx's `large_client_header_buffers` allows 4 × 8 KiB
+/// per line; 64 KiB for the whole head is generous for cookies and tokens, and bounds what
+/// 2,000 slow clients can pin (Go's 1 MiB lets them pin 2 GB).
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+/// `run --body-read-timeout`: nginx's `client_body_timeout`.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a connection may sit between requests: an HTTP/1.1 connection waiting for
+/// the next request head, an HTTP/2 one with no open stream. A constant until the
+/// fork's `run --idle-timeout` lands.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The limits every listener applies, from `run`'s flags.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub max_header_bytes: usize,
+    /// `None`: a silent body is waited for for ever (`--body-read-timeout=0`).
+    pub body_read_timeout: Option<Duration>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            body_read_timeout: Some(DEFAULT_BODY_READ_TIMEOUT),
+        }
+    }
+}
+
+/// The connections the TCP listeners may have open at once, shared by HTTP and HTTPS.
+/// A listener takes a slot before it accepts: past the limit, new connections wait in
+/// the kernel's backlog (and are refused by it once that is full) instead of taking
+/// descriptors the control socket and the upstream connections need.
+#[derive(Clone)]
+pub struct ConnectionSlots {
+    slots: Arc<Semaphore>,
+    limit: usize,
+    /// The most connections open at once since [`ConnectionSlots::take_peak`] last
+    /// looked: how [`super::trim`] tells that a burst has ended.
+    peak: Arc<AtomicUsize>,
+}
+
+impl ConnectionSlots {
+    pub fn new(limit: usize) -> Self {
+        let limit = limit.min(Semaphore::MAX_PERMITS);
+        ConnectionSlots {
+            slots: Arc::new(Semaphore::new(limit)),
+            limit,
+            peak: Arc::default(),
+        }
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.limit - self.slots.available_permits()
+    }
+
+    /// The peak since the last call, which starts again from the connections open now.
+    pub fn take_peak(&self) -> usize {
+        self.peak.swap(self.open(), Ordering::Relaxed)
+    }
+
+    /// A slot, held for as long as the connection is open; waits while all are taken.
+    /// `full` is called when the limit is reached, before waiting.
+    pub async fn acquire(&self, full: impl FnOnce(usize)) -> OwnedSemaphorePermit {
+        let permit = match self.slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                full(self.limit);
+                match self.slots.clone().acquire_owned().await {
+                    Ok(permit) => permit,
+                    // The semaphore is never closed; waiting for ever is the honest fallback.
+                    Err(_) => std::future::pending().await,
+                }
+            }
+        };
+        self.peak.fetch_max(self.open(), Ordering::Relaxed);
+        permit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_slot_comes_back_when_its_connection_closes() {
+        let slots = ConnectionSlots::new(1);
+        let first = slots.acquire(|_| panic!("not full yet")).await;
+        assert_eq!(slots.open(), 1);
+        let reported = std::cell::Cell::new(None);
+        let waiting = slots.acquire(|limit| reported.set(Some(limit)));
+        let mut waiting = std::pin::pin!(waiting);
+        assert!(futures_util::poll!(waiting.as_mut()).is_pending());
+        assert_eq!(reported.get(), Some(1));
+        drop(first);
+        let _second = waiting.await;
+        assert_eq!(slots.take_peak(), 1);
+    }
+}
