@@ -304,9 +304,11 @@ async fn handshake_without_sni_uses_the_default_tls_hostname() {
             ],
         )
         .await;
-    // An IP address is never sent as SNI.
+    // An IP address is never sent as SNI. HTTP/1.1, so that `Host` names the service (over
+    // HTTP/2 a `host` contradicting `:authority` is a 400).
     let client = reqwest::Client::builder()
         .no_proxy()
+        .http1_only()
         .danger_accept_invalid_certs(true)
         .tls_info(true)
         .build()

@@ -15,6 +15,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::certificates::{TlsResolver, offers_acme_tls, prepare};
+use super::chunk_guard::ChunkGuard;
 use super::idle::{Activity, Counted};
 use super::limits::IDLE_TIMEOUT;
 use super::{Proxy, accept_loop, handle, http1_builder, normalize};
@@ -141,10 +142,10 @@ async fn serve_connection(
         tls: true,
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    let io = TokioIo::new(tls);
     let result = if h2 {
-        serve_h2(io, https, conn, draining).await
+        serve_h2(TokioIo::new(tls), https, conn, draining).await
     } else {
+        let io = TokioIo::new(ChunkGuard::new(tls));
         let shared = https.clone();
         let service = service_fn(move |req| {
             let https = shared.clone();

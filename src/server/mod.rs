@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 mod acme_http01;
 pub mod certificates;
+mod chunk_guard;
 mod framing;
 #[cfg(feature = "http3")]
 pub mod h3;
@@ -30,6 +31,7 @@ use crate::proxy::headers::{X_FORWARDED_FOR, X_REQUEST_ID, X_REQUEST_START};
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::router::Router;
 use crate::service::{Conn, host_without_port, request_host};
+use chunk_guard::ChunkGuard;
 use limits::{ConnectionSlots, IDLE_TIMEOUT, Limits};
 
 pub const PING_PATH: &str = "/.kamal-proxy/ping";
@@ -262,7 +264,7 @@ async fn serve_connection(
         async move { Ok::<_, Infallible>(handle(&proxy, req, conn).await) }
     });
     let connection = http1
-        .serve_connection(TokioIo::new(stream), service)
+        .serve_connection(TokioIo::new(ChunkGuard::new(stream)), service)
         .with_upgrades();
     let mut connection = std::pin::pin!(connection);
     let result = tokio::select! {
