@@ -20,7 +20,7 @@ pub fn location<B>(
     let want_https = !tls && o.tls_enabled && o.tls_redirect;
     // The canonical host is deployed normalized: `X.com.` is already canonical.
     let want_host = (!o.canonical_host.is_empty()
-        && o.canonical_host != crate::service::options::normalize_host(host))
+        && o.canonical_host != crate::options::normalize_host(host))
     .then_some(o.canonical_host.as_str());
     let scheme = if want_https || tls { "https" } else { "http" };
     // A redirect that changes scheme or host drops the port (as upstream); a path-only
