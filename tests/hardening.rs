@@ -422,3 +422,29 @@ async fn leftover_temp_state_files_of_dead_processes_are_removed_at_start() {
     })
     .await;
 }
+
+// === Flags ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_limit_flags_are_refused_with_a_clear_message() {
+    for (flag, message) in [
+        ("--max-connections=0", "must be between 1 and 1000000"),
+        (
+            "--body-read-timeout=-1s",
+            "must not be negative (0 disables it)",
+        ),
+        ("--body-read-timeout=soon", "invalid duration"),
+        (
+            "--max-request-header-size=100",
+            "must be between 1024 and 4294967295 bytes",
+        ),
+    ] {
+        match testkit::try_run(&["--http-port=0", flag], &[]).await {
+            testkit::RunOutcome::Exited { code, stderr } => {
+                assert_eq!(code, Some(1), "{flag}");
+                assert!(stderr.contains(message), "{flag}: {stderr}");
+            }
+            other => panic!("{flag} started: {other:?}"),
+        }
+    }
+}
