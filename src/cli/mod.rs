@@ -8,6 +8,7 @@ use std::error::Error as _;
 
 pub mod deploy;
 pub mod list;
+pub mod rollout;
 pub mod run;
 pub mod service_cmds;
 
@@ -53,6 +54,8 @@ pub enum Command {
     /// List the services currently running
     #[command(visible_alias = "ls")]
     List(list::ListCmd),
+    /// Manage rollout settings
+    Rollout(rollout::RolloutCmd),
 }
 
 /// Entry point of the binary; returns the process exit code.
@@ -73,6 +76,7 @@ pub fn main() -> i32 {
         Some(Command::Stop(c)) => c.execute(),
         Some(Command::Resume(a)) => service_cmds::resume(a),
         Some(Command::List(c)) => c.execute(),
+        Some(Command::Rollout(c)) => c.execute(),
     };
     match result {
         Ok(()) => 0,

@@ -24,7 +24,14 @@ impl Router {
         };
         let containers = if options.sleep_containers.is_empty() {
             let mut refs: Vec<String> = Vec::new();
-            for t in service.active().writer_addresses() {
+            // The writers of the active pool, then of the rollout pool: a sleeping
+            // service with a rollout wakes the containers of both.
+            let writers = service
+                .pools()
+                .iter()
+                .flat_map(|p| p.writer_addresses())
+                .collect::<Vec<_>>();
+            for t in writers {
                 if let Ok(r) = container_ref(&t) {
                     if !refs.iter().any(|x| x == r) {
                         refs.push(r.to_string());
@@ -78,7 +85,9 @@ struct PoolHooks {
 impl SleepHooks for PoolHooks {
     fn suspend(&self) {
         if let Some(s) = self.service.upgrade() {
-            s.active().suspend();
+            for pool in s.pools() {
+                pool.suspend();
+            }
         }
     }
 
@@ -87,11 +96,16 @@ impl SleepHooks for PoolHooks {
         deadline: tokio::time::Instant,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ()>> + Send + '_>> {
         Box::pin(async move {
-            let Some(lb) = self.service.upgrade().map(|s| s.active()) else {
+            let Some(pools) = self.service.upgrade().map(|s| s.pools()) else {
                 return Err(());
             };
-            lb.resume();
-            lb.wait_until_serving(deadline).await
+            for pool in &pools {
+                pool.resume();
+            }
+            // Ready when every pool can serve: a request the split sends to the rollout
+            // must not meet a pool that is still starting.
+            let ready = pools.iter().map(|p| p.wait_until_serving(deadline));
+            futures_util::future::try_join_all(ready).await.map(|_| ())
         })
     }
 
