@@ -393,3 +393,57 @@ async fn stop_drains_the_rollout_pool_too() {
     proxy.ok(&["resume", "app"]).await;
     assert_eq!(get_as(&proxy, "/", Some("1")).await.body, "next");
 }
+
+/// Scale-to-zero with a rollout (real Docker Engine): the rollout's containers sleep and
+/// wake with the service's, a request for the rollout waits for its own pool, and a
+/// rollout deploy while asleep leaves a service that serves.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sleeping_service_wakes_the_rollout_pool_too() {
+    use testkit::docker;
+    if !docker::require_docker() {
+        return;
+    }
+    let active = docker::run_app_container("ro-active", Duration::ZERO);
+    let next = docker::run_app_container("ro-next", Duration::ZERO);
+    docker::wait_until_ready(&active).expect("active container ready");
+    docker::wait_until_ready(&next).expect("rollout container ready");
+    let socket = format!("--docker-socket={}", docker::docker_socket_path().display());
+    let proxy = Proxy::start_with(&[&socket], &[]).await;
+    let (c1, c2) = (
+        format!("--sleep-container={}", active.name),
+        format!("--sleep-container={}", next.name),
+    );
+    proxy
+        .deploy(
+            "app",
+            &format!("127.0.0.1:{}", active.port),
+            &["--sleep-after=1s", &c1, &c2, "--health-check-interval=200ms"],
+        )
+        .await;
+    rollout_deploy(&proxy, "app", &format!("127.0.0.1:{}", next.port)).await;
+    proxy.ok(&["rollout", "set", "app", "--list=1"]).await;
+
+    proxy
+        .wait_for_state("app", "sleeping", Duration::from_secs(20))
+        .await;
+    assert!(!docker::is_running(&active.name) && !docker::is_running(&next.name));
+
+    // The rollout's request wakes the service and is held until its own pool serves.
+    let r = get_as(&proxy, "/", Some("1")).await;
+    assert_eq!((r.status, r.body.as_str()), (200, "ro-next"));
+    assert!(docker::is_running(&active.name) && docker::is_running(&next.name));
+    assert_eq!(get_as(&proxy, "/", None).await.body, "ro-active");
+
+    // Asleep again, a rollout deploy wakes the service first and leaves it serving.
+    proxy
+        .wait_for_state("app", "sleeping", Duration::from_secs(20))
+        .await;
+    rollout_deploy(&proxy, "app", &format!("127.0.0.1:{}", next.port)).await;
+    proxy
+        .wait_for_log("the rollout waking the service", |l| {
+            l.contains("Waking sleeping service for rollout")
+        })
+        .await;
+    let r = get_as(&proxy, "/", Some("1")).await;
+    assert_eq!((r.status, r.body.as_str()), (200, "ro-next"));
+}
