@@ -93,9 +93,17 @@ async fn a_write_sends_the_client_s_reads_to_the_writer_for_a_while() {
     assert_eq!(head.headers["x-backend"], "writer");
     // An expired or unreadable cookie counts for nothing.
     let stale = format!("kamal-writer={}", now_ms() - 1);
-    assert_eq!(send(&proxy, Method::GET, "/", None, Some(&stale)).await.body, "reader");
+    assert_eq!(
+        send(&proxy, Method::GET, "/", None, Some(&stale))
+            .await
+            .body,
+        "reader"
+    );
     let junk = "kamal-writer=later";
-    assert_eq!(send(&proxy, Method::GET, "/", None, Some(junk)).await.body, "reader");
+    assert_eq!(
+        send(&proxy, Method::GET, "/", None, Some(junk)).await.body,
+        "reader"
+    );
     // Every write refreshes it, whatever the method.
     for m in [Method::PUT, Method::PATCH, Method::DELETE] {
         let r = send(&proxy, m.clone(), "/", None, None).await;
@@ -107,7 +115,14 @@ async fn a_write_sends_the_client_s_reads_to_the_writer_for_a_while() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_app_opts_out_with_x_writer_affinity_false() {
     let (proxy, _writer, _reader) = with_reader(&[]).await;
-    let r = send(&proxy, Method::POST, "/headers?X-Writer-Affinity=false&set-cookie=app%3D1", None, None).await;
+    let r = send(
+        &proxy,
+        Method::POST,
+        "/headers?X-Writer-Affinity=false&set-cookie=app%3D1",
+        None,
+        None,
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert_eq!(set_cookies(&r), ["app=1"], "the app's own cookie only");
     assert!(
@@ -115,7 +130,14 @@ async fn the_app_opts_out_with_x_writer_affinity_false() {
         "the opt-out header is the proxy's, never the client's"
     );
     // Any other value keeps the cookie, and the header is still removed.
-    let r = send(&proxy, Method::POST, "/headers?X-Writer-Affinity=no", None, None).await;
+    let r = send(
+        &proxy,
+        Method::POST,
+        "/headers?X-Writer-Affinity=no",
+        None,
+        None,
+    )
+    .await;
     assert!(writer_cookie(&r).is_some());
     assert!(r.headers.get("x-writer-affinity").is_none());
 }
@@ -126,7 +148,14 @@ async fn no_readers_or_no_timeout_means_no_affinity() {
     let writer = Backend::start("writer").await;
     let proxy = Proxy::start().await;
     proxy.deploy("app", &writer.target(), &[]).await;
-    let r = send(&proxy, Method::POST, "/headers?X-Writer-Affinity=false", None, None).await;
+    let r = send(
+        &proxy,
+        Method::POST,
+        "/headers?X-Writer-Affinity=false",
+        None,
+        None,
+    )
+    .await;
     assert_eq!(writer_cookie(&r), None);
     assert_eq!(r.headers["x-writer-affinity"], "false");
 
@@ -156,9 +185,11 @@ async fn proxy_made_error_pages_carry_no_writer_cookie() {
             ],
         )
         .await;
-    poll_until("the reader to serve reads", std::time::Duration::from_secs(10), || async {
-        send(&proxy, Method::GET, "/", None, None).await.body == "reader"
-    })
+    poll_until(
+        "the reader to serve reads",
+        std::time::Duration::from_secs(10),
+        || async { send(&proxy, Method::GET, "/", None, None).await.body == "reader" },
+    )
     .await;
     let r = send(&proxy, Method::POST, "/", None, None).await;
     assert_eq!(r.status, 503);
@@ -196,15 +227,31 @@ async fn cookie_paths_are_scoped_below_a_stripped_prefix() {
         .deploy(
             "app",
             &app.target(),
-            &["--host=a.test", "--path-prefix=/app", "--scope-cookie-paths"],
+            &[
+                "--host=a.test",
+                "--path-prefix=/app",
+                "--scope-cookie-paths",
+            ],
         )
         .await;
-    proxy.deploy("root", &root.target(), &["--host=a.test"]).await;
+    proxy
+        .deploy("root", &root.target(), &["--host=a.test"])
+        .await;
 
     // Upstream's cases: the path goes below the prefix.
     assert_eq!(
-        cookies_through(&proxy, "/app", "a.test", &["session=1; Path=/something", "b=2; Path=/", "c=3"]).await,
-        ["session=1; Path=/app/something", "b=2; Path=/app", "c=3; Path=/app"]
+        cookies_through(
+            &proxy,
+            "/app",
+            "a.test",
+            &["session=1; Path=/something", "b=2; Path=/", "c=3"]
+        )
+        .await,
+        [
+            "session=1; Path=/app/something",
+            "b=2; Path=/app",
+            "c=3; Path=/app"
+        ]
     );
     // Only the request host's cookies (Domain absent or equal to the Host header without
     // its port) change; others stay byte for byte, in order.
@@ -234,7 +281,10 @@ async fn cookie_paths_are_scoped_below_a_stripped_prefix() {
             &proxy,
             "/app",
             "a.test",
-            &["t=1; SameSite=Strict; HttpOnly; Expires=Wed, 21 Oct 2037 07:28:00 GMT; Unknown=x", "no-equals-sign"]
+            &[
+                "t=1; SameSite=Strict; HttpOnly; Expires=Wed, 21 Oct 2037 07:28:00 GMT; Unknown=x",
+                "no-equals-sign"
+            ]
         )
         .await,
         [
@@ -260,7 +310,11 @@ async fn cookie_paths_stay_without_the_flag_or_without_stripping() {
         .deploy(
             "kept",
             &app.target(),
-            &["--path-prefix=/headers", "--strip-path-prefix=false", "--scope-cookie-paths"],
+            &[
+                "--path-prefix=/headers",
+                "--strip-path-prefix=false",
+                "--scope-cookie-paths",
+            ],
         )
         .await;
     assert_eq!(

@@ -171,7 +171,10 @@ async fn the_server_refuses_upstream_s_invalid_option_combinations_over_the_raw_
             json!({"tls_enabled": true, "tls_on_demand_url": "/allow", "canonical_host": "a.test"}),
             "cannot set a canonical host when using a TLS on-demand URL",
         ),
-        (json!({"tls_enabled": true}), "host must be set when using TLS"),
+        (
+            json!({"tls_enabled": true}),
+            "host must be set when using TLS",
+        ),
         (
             json!({"tls_enabled": true, "hosts": ["a.test"], "path_prefixes": ["/api"]}),
             "TLS settings must be specified on the root path service",

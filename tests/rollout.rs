@@ -75,12 +75,22 @@ async fn percentage_and_allow_list_route_by_upstream_s_hash_values() {
     proxy.ok(&["rollout", "set", "app", "--percent=21"]).await;
     assert_eq!(
         served(&proxy, &["1", "3", "2", "carol"]).await,
-        expect(&[("1", "next"), ("3", "active"), ("2", "active"), ("carol", "active")])
+        expect(&[
+            ("1", "next"),
+            ("3", "active"),
+            ("2", "active"),
+            ("carol", "active")
+        ])
     );
     proxy.ok(&["rollout", "set", "app", "--percent=52"]).await;
     assert_eq!(
         served(&proxy, &["2", "carol", "bob", "alice"]).await,
-        expect(&[("2", "next"), ("carol", "next"), ("bob", "active"), ("alice", "active")])
+        expect(&[
+            ("2", "next"),
+            ("carol", "next"),
+            ("bob", "active"),
+            ("alice", "active")
+        ])
     );
     // The allow list wins whatever the hash; the percentage still applies beside it.
     proxy
@@ -158,12 +168,19 @@ async fn rollout_commands_refuse_what_upstream_refuses() {
     let proxy = Proxy::start().await;
 
     assert_eq!(
-        proxy.fails(&["rollout", "set", "app", "--percent=10"]).await,
+        proxy
+            .fails(&["rollout", "set", "app", "--percent=10"])
+            .await,
         "Error: service not found\n"
     );
     assert_eq!(
         proxy
-            .fails(&["rollout", "deploy", "app", &format!("--target={}", active.target())])
+            .fails(&[
+                "rollout",
+                "deploy",
+                "app",
+                &format!("--target={}", active.target())
+            ])
             .await,
         "Error: service not found\n"
     );
@@ -174,7 +191,9 @@ async fn rollout_commands_refuse_what_upstream_refuses() {
     // The rollout pool is health-checked with the service's options.
     proxy.deploy("app", &active.target(), &[FAST_HEALTH]).await;
     assert_eq!(
-        proxy.fails(&["rollout", "set", "app", "--percent=10"]).await,
+        proxy
+            .fails(&["rollout", "set", "app", "--percent=10"])
+            .await,
         "Error: rollout target not set\n"
     );
     assert_eq!(
@@ -272,8 +291,14 @@ async fn a_restart_restores_the_rollout_in_upstream_s_keys() {
     // Reads of the rollout go to its reader.
     assert_eq!(get_as(&proxy, "/", Some("first")).await.body, "reader");
     let json = proxy.list_json().await;
-    assert_eq!(json["services"]["app"]["rollout_targets"], json!([next.target()]));
-    assert_eq!(json["services"]["app"]["rollout_allowlist"], json!(["first"]));
+    assert_eq!(
+        json["services"]["app"]["rollout_targets"],
+        json!([next.target()])
+    );
+    assert_eq!(
+        json["services"]["app"]["rollout_allowlist"],
+        json!(["first"])
+    );
 
     // After `rollout stop` the file says so, in upstream's shape.
     proxy.ok(&["rollout", "stop", "app"]).await;
@@ -326,21 +351,27 @@ async fn rollout_deploys_under_load_fail_no_request() {
 
     rollout_deploy(&proxy, "app", &first.target()).await;
     proxy.ok(&["rollout", "set", "app", "--percent=50"]).await;
-    poll_until("the rollout to take traffic", Duration::from_secs(5), || async {
-        first.hits() >= 10
-    })
+    poll_until(
+        "the rollout to take traffic",
+        Duration::from_secs(5),
+        || async { first.hits() >= 10 },
+    )
     .await;
     // Replaced while it serves: the old rollout pool drains.
     rollout_deploy(&proxy, "app", &second.target()).await;
-    poll_until("the new rollout to take traffic", Duration::from_secs(5), || async {
-        second.hits() >= 10
-    })
+    poll_until(
+        "the new rollout to take traffic",
+        Duration::from_secs(5),
+        || async { second.hits() >= 10 },
+    )
     .await;
     proxy.ok(&["rollout", "stop", "app"]).await;
     let after_stop = active.hits();
-    poll_until("traffic back on the active pool", Duration::from_secs(5), || async {
-        active.hits() >= after_stop + 10
-    })
+    poll_until(
+        "traffic back on the active pool",
+        Duration::from_secs(5),
+        || async { active.hits() >= after_stop + 10 },
+    )
     .await;
     stop.store(true, Ordering::SeqCst);
 
@@ -373,9 +404,11 @@ async fn stop_drains_the_rollout_pool_too() {
             .await
             .map(|r| r.status().as_u16())
     });
-    poll_until("the slow request to reach the rollout", Duration::from_secs(5), || async {
-        next.hits() == 1
-    })
+    poll_until(
+        "the slow request to reach the rollout",
+        Duration::from_secs(5),
+        || async { next.hits() == 1 },
+    )
     .await;
     proxy
         .ok(&["stop", "app", "--drain-timeout=200ms", "--message=later"])
@@ -417,7 +450,12 @@ async fn a_sleeping_service_wakes_the_rollout_pool_too() {
         .deploy(
             "app",
             &format!("127.0.0.1:{}", active.port),
-            &["--sleep-after=1s", &c1, &c2, "--health-check-interval=200ms"],
+            &[
+                "--sleep-after=1s",
+                &c1,
+                &c2,
+                "--health-check-interval=200ms",
+            ],
         )
         .await;
     rollout_deploy(&proxy, "app", &format!("127.0.0.1:{}", next.port)).await;
