@@ -77,7 +77,8 @@ impl Router {
                 return Err(e);
             }
             let replaced = service.swap_rollout(Some(lb));
-            // The rollout's containers sleep and wake with the service's.
+            // While a split is set, the rollout's containers sleep and wake with the
+            // service's.
             self.sync_sleep(&service, &service.config().options, IdleState::Active);
             replaced
         };
@@ -91,7 +92,7 @@ impl Router {
 
     /// `rollout set`: replaces the split. Needs a rollout pool.
     pub async fn rollout_set(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         percentage: i64,
         allowlist: Vec<String>,
@@ -109,12 +110,14 @@ impl Router {
         self.store.save(snapshots(&services, Some(changed))).await?;
         tracing::info!(service = %name, percentage, allowlist = %split.allowlist.join(","), "Rollout split set");
         service.set_rollout_split(Some(split));
+        // The rollout's containers now sleep and wake with the service's.
+        self.sync_sleep(&service, &service.config().options, IdleState::Active);
         Ok(())
     }
 
     /// `rollout stop`: every request goes to the active pool again. The rollout pool stays
     /// (and is still saved), so a later `rollout set` can resume the split.
-    pub async fn rollout_stop(&self, name: &str) -> Result<(), String> {
+    pub async fn rollout_stop(self: &Arc<Self>, name: &str) -> Result<(), String> {
         let services = self.services.lock().await;
         let service = services
             .get(name)
@@ -123,6 +126,7 @@ impl Router {
         let changed = snapshot(&service).with_rollout(service.rollout().as_deref(), None);
         self.store.save(snapshots(&services, Some(changed))).await?;
         service.set_rollout_split(None);
+        self.sync_sleep(&service, &service.config().options, IdleState::Active);
         tracing::info!(service = %name, "Rollout stopped");
         Ok(())
     }

@@ -187,6 +187,17 @@ impl Service {
             .collect()
     }
 
+    /// The pools requests can reach: the active pool, and the rollout pool while a split
+    /// sends requests to it. A sleeping service starts the containers of these and waits
+    /// until each can serve; a rollout pool left after `rollout stop` gets no traffic, so
+    /// its containers (perhaps removed since) never hold up a wake.
+    pub fn live_pools(&self) -> Vec<Arc<LoadBalancer>> {
+        let rollout = self
+            .rollout()
+            .filter(|_| self.rollout_split.load().is_some());
+        std::iter::once(self.active()).chain(rollout).collect()
+    }
+
     /// The pool a request goes to: the rollout pool when a split is set and the request's
     /// `kamal-rollout` cookie falls on its side, else the active pool.
     fn pool_for(&self, headers: &http::HeaderMap) -> Arc<LoadBalancer> {
