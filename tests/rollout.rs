@@ -232,6 +232,16 @@ async fn rollout_commands_refuse_what_upstream_refuses() {
         .await;
     assert_eq!(reply, json!({"error": "a/b :invalid host pattern"}));
 
+    assert_eq!(
+        proxy.fails(&["rollout", "start", "app"]).await,
+        "Error: unknown command \"start\" for \"kamal-proxy rollout\"\nRun 'kamal-proxy rollout --help' for usage.\n"
+    );
+    assert_eq!(
+        proxy
+            .fails(&["rollout", "set", "app", "--percent=ten"])
+            .await,
+        "Error: invalid argument \"ten\" for \"--percent\" flag: strconv.ParseInt: parsing \"ten\": invalid syntax\n"
+    );
     // The group alone prints its help and succeeds, as upstream's cobra group.
     let help = proxy.ok(&["rollout"]).await;
     assert!(

@@ -35,8 +35,8 @@ pub enum Command {
     /// Run the server
     Run(run::RunArgs),
     // The service is collected as a list so a wrong count gets cobra's message
-    // (`accepts 1 arg(s), received N`); the usage line still says exactly one.
-    /// Deploy a target host
+    // (`accepts 1 arg(s), received N`); the usage line still says exactly one. No doc
+    // comment here: it would replace the command's own long help (with its example).
     #[command(override_usage = "kamal-proxy deploy <SERVICE> --target=<HOST:PORT> [OPTIONS]")]
     Deploy(Box<deploy::DeployCmd>),
     /// Remove the service
@@ -54,7 +54,7 @@ pub enum Command {
     /// List the services currently running
     #[command(visible_alias = "ls")]
     List(list::ListCmd),
-    /// Manage rollout settings
+    // About and long help (with examples) are on `RolloutCmd`.
     Rollout(rollout::RolloutCmd),
 }
 
@@ -141,10 +141,27 @@ fn report_parse_error(e: clap::Error) -> i32 {
                 format!("unexpected argument \"{flag}\"")
             }
         }
-        ErrorKind::InvalidSubcommand => format!(
-            "unknown command \"{}\" for \"kamal-proxy\"\nRun 'kamal-proxy --help' for usage.",
-            context(ContextKind::InvalidSubcommand)
-        ),
+        ErrorKind::InvalidSubcommand => {
+            // The command the unknown one was given to (`kamal-proxy rollout`), from clap's
+            // usage line, for cobra's wording.
+            let rendered = e.render().to_string();
+            let parent = rendered
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("Usage: "))
+                .map(|usage| {
+                    usage
+                        .split(' ')
+                        .take_while(|w| !w.starts_with(['[', '<', '-']))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| "kamal-proxy".to_string());
+            format!(
+                "unknown command \"{}\" for \"{parent}\"\nRun '{parent} --help' for usage.",
+                context(ContextKind::InvalidSubcommand)
+            )
+        }
         ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
             let arg = context(ContextKind::InvalidArg);
             let flag = arg
