@@ -8,7 +8,7 @@ use super::values::{duration, int64, non_empty};
 use crate::balancer::target::validate_target;
 use crate::control::{Request, RolloutDeployArgs};
 use crate::gotime::GoDuration;
-use crate::service::options::DeploymentOptions;
+use crate::options::DeploymentOptions;
 
 #[derive(Args, Debug)]
 #[command(

@@ -11,8 +11,8 @@ use super::persist::{snapshot, snapshots};
 use crate::balancer::rollout::RolloutSplit;
 use crate::balancer::target::validate_target;
 use crate::balancer::{LoadBalancer, ProbeMode};
+use crate::options::DeploymentOptions;
 use crate::service::Service;
-use crate::service::options::DeploymentOptions;
 use crate::service::sleep::IdleState;
 
 /// `rollout deploy`, as the CLI sends it over the control socket.

@@ -6,8 +6,8 @@ use tokio::sync::Notify;
 
 use super::Router;
 use crate::balancer::target::container_ref;
+use crate::options::ServiceOptions;
 use crate::service::Service;
-use crate::service::options::ServiceOptions;
 use crate::service::sleep::{IdleController, IdleState, SleepConfig, SleepHooks};
 
 impl Router {
@@ -124,8 +124,8 @@ mod tests {
     use crate::balancer::rollout::RolloutSplit;
     use crate::gotime::GoDuration;
     use crate::lifecycle::{ContainerInfo, ContainerLifecycle, LifecycleError, LifecycleFuture};
+    use crate::options::TargetOptions;
     use crate::service::ServiceConfig;
-    use crate::service::options::TargetOptions;
     use crate::service::pause::PauseController;
 
     /// Never called: an active service starts and stops nothing.

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use crate::balancer::LoadBalancer;
 use crate::balancer::rollout::RolloutSplit;
-use crate::service::options::{ServiceOptions, TargetOptions};
+use crate::options::{ServiceOptions, TargetOptions};
 use crate::service::pause::PauseSnapshot;
 
 /// The highest `{"version": N, …}` wrapper an earlier release of ours wrote; files are
