@@ -495,3 +495,29 @@ async fn a_sleeping_service_wakes_the_rollout_pool_too() {
     let r = get_as(&proxy, "/", Some("1")).await;
     assert_eq!((r.status, r.body.as_str()), (200, "ro-next"));
 }
+
+/// The gates run before a pool is chosen: the rollout's requests meet them as the active
+/// pool's do.
+#[tokio::test(flavor = "multi_thread")]
+async fn gates_apply_to_the_rollout_s_requests() {
+    let active = Backend::start("active").await;
+    let next = Backend::start("next").await;
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy("app", &active.target(), &["--basic-auth=ops:s3cret"])
+        .await;
+    rollout_deploy(&proxy, "app", &next.target()).await;
+    proxy.ok(&["rollout", "set", "app", "--percent=100"]).await;
+
+    let anonymous = get_as(&proxy, "/", Some("anyone")).await;
+    assert_eq!(anonymous.status, 401);
+    assert_eq!(next.hits(), 0, "refused before reaching the rollout pool");
+    let r = client()
+        .get(proxy.url("/"))
+        .header("cookie", "kamal-rollout=anyone")
+        .basic_auth("ops", Some("s3cret"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "next");
+}
