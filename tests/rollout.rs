@@ -521,3 +521,42 @@ async fn gates_apply_to_the_rollout_s_requests() {
         .unwrap();
     assert_eq!(r.text().await.unwrap(), "next");
 }
+
+/// A state file as Go kamal-proxy writes it, with a rollout in upstream's keys, restores
+/// with its split: a user coming from the Go image keeps the rollout.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_go_written_rollout_restores() {
+    let active = Backend::start("active").await;
+    let next = Backend::start("next").await;
+    let go: serde_json::Value = serde_json::from_str(testkit::go_state::GO_FIXTURE).unwrap();
+    let mut service = go
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "fallback")
+        .expect("the fixture's host-less service")
+        .clone();
+    service["active_targets"] = json!([active.target()]);
+    service["rollout_targets"] = json!([next.target()]);
+    service["rollout_readers"] = json!([]);
+    // `rollout set --percent=21 --list=vip`, as Go encodes it.
+    service["rollout_controller"] = json!({
+        "percentage": 21, "percentage_split_point": 901943131.95, "allowlist": ["vip"]
+    });
+    let file = json!([service]);
+    check_go_decodable(&file).unwrap();
+
+    let mut proxy = Proxy::start().await;
+    proxy.terminate().await;
+    std::fs::create_dir_all(proxy.state_file().parent().unwrap()).unwrap();
+    std::fs::write(proxy.state_file(), format!("{file}\n")).unwrap();
+    proxy.respawn().await;
+
+    assert_eq!(
+        served(&proxy, &["1", "2", "vip"]).await,
+        expect(&[("1", "next"), ("2", "active"), ("vip", "next")])
+    );
+    assert_eq!(get_as(&proxy, "/", None).await.body, "active");
+    let json = proxy.list_json().await;
+    assert_eq!(json["services"]["fallback"]["rollout_percentage"], 21);
+}
