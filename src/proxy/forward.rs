@@ -82,25 +82,11 @@ impl ResponseCookies<'_> {
     fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>) {
         if let Some(prefix) = self.scope_paths {
             let host = host.and_then(|h| h.to_str().ok()).unwrap_or("");
-            cookies::scope_cookie_paths(headers, prefix, split_host_port(host));
+            cookies::scope_cookie_paths(headers, prefix, host);
         }
         if let Some(timeout) = self.writer_affinity {
             cookies::set_writer_affinity(headers, timeout);
         }
-    }
-}
-
-/// Go's `net.SplitHostPort`, keeping `host` whole where Go reports an error.
-fn split_host_port(host: &str) -> &str {
-    if let Some(rest) = host.strip_prefix('[') {
-        return match rest.split_once("]:") {
-            Some((h, _)) => h,
-            None => host,
-        };
-    }
-    match host.split_once(':') {
-        Some((h, port)) if !port.contains(':') => h,
-        _ => host,
     }
 }
 

@@ -9,7 +9,6 @@ use super::Router;
 use super::deploy::keep_awake;
 use super::persist::{snapshot, snapshots};
 use crate::balancer::rollout::RolloutSplit;
-use crate::balancer::target::validate_target;
 use crate::balancer::{LoadBalancer, ProbeMode};
 use crate::options::DeploymentOptions;
 use crate::service::Service;
@@ -37,9 +36,7 @@ impl Router {
             readers,
             deployment,
         } = args;
-        for t in targets.iter().chain(&readers) {
-            validate_target(t)?;
-        }
+        // Upstream's order: the service, then the addresses (checked as the pool is built).
         let service = self.service_named(&name).await?;
         let config = service.config();
         let lb = LoadBalancer::new(

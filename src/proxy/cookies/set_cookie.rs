@@ -14,12 +14,13 @@ use http::header::{HeaderMap, HeaderValue, SET_COOKIE};
 
 use super::{is_token, trim_ascii, valid_value_byte};
 
-/// Rewrites the `Set-Cookie` headers of a response to a request for `host` (its port
-/// removed) that matched the stripped path `prefix`.
-pub fn scope_cookie_paths(headers: &mut HeaderMap, prefix: &str, host: &str) {
+/// Rewrites the `Set-Cookie` headers of a response to a request with `Host: host_header`
+/// that matched the stripped path `prefix`.
+pub fn scope_cookie_paths(headers: &mut HeaderMap, prefix: &str, host_header: &str) {
     if !headers.contains_key(SET_COOKIE) {
         return;
     }
+    let host = split_host_port(host_header);
     let scoped: Vec<HeaderValue> = headers
         .get_all(SET_COOKIE)
         .iter()
@@ -28,6 +29,21 @@ pub fn scope_cookie_paths(headers: &mut HeaderMap, prefix: &str, host: &str) {
     headers.remove(SET_COOKIE);
     for v in scoped {
         headers.append(SET_COOKIE, v);
+    }
+}
+
+/// Go's `net.SplitHostPort` as upstream uses it: the host without its port, or the whole
+/// header where Go reports an error (no port, or an unbracketed IPv6 address).
+fn split_host_port(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return match rest.split_once("]:") {
+            Some((h, _)) => h,
+            None => host,
+        };
+    }
+    match host.split_once(':') {
+        Some((h, port)) if !port.contains(':') => h,
+        _ => host,
     }
 }
 
@@ -495,6 +511,19 @@ mod tests {
         );
         assert_eq!(days_from_civil(1970, 1, 1), 0);
         assert_eq!(civil_from_days(days_from_civil(2024, 2, 29)), (2024, 2, 29));
+    }
+
+    #[test]
+    fn the_host_loses_its_port_as_go_splits_it() {
+        assert_eq!(split_host_port("a.test:8080"), "a.test");
+        assert_eq!(split_host_port("a.test"), "a.test");
+        assert_eq!(split_host_port("[::1]:80"), "::1");
+        assert_eq!(split_host_port("[::1]"), "[::1]");
+        assert_eq!(split_host_port("::1"), "::1");
+        assert_eq!(
+            scoped(&["x=1; Domain=a.test"], "/app", "a.test:8080"),
+            ["x=1; Path=/app; Domain=a.test"]
+        );
     }
 
     #[test]
