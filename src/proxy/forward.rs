@@ -2,7 +2,7 @@
 //! response, streaming both ways unless the service asked for buffering.
 
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
@@ -18,7 +18,7 @@ use super::headers::{self, ForwardedFor};
 use super::keep_alive::{self, RUNGS};
 use super::pages::ErrorPages;
 use super::rejection::{Refused, Rejection};
-use super::retry::{self, TrackingConnector};
+use super::retry::{Replay, TrackingConnector};
 use crate::balancer::Target;
 use crate::service::options::TargetOptions;
 
@@ -122,8 +122,7 @@ impl Forwarder {
             Ok(r) => return Ok(r),
             Err(e) => e,
         };
-        let Some(replay) = replay.filter(|r| retry::resend_after(&e, &r.method, &r.headers, true))
-        else {
+        let Some(replay) = replay.filter(|r| r.allowed_after(&e)) else {
             return Err(SendError {
                 error: e,
                 resent: false,
@@ -131,12 +130,12 @@ impl Forwarder {
         };
         tracing::info!(
             "target" = target,
-            path = %replay.uri.path(),
+            path = %replay.path(),
             error = %describe(&e),
             "Resending request on a new connection"
         );
         self.fresh
-            .request(replay.into_request())
+            .request(replay.into_request(RequestBody::empty()))
             .await
             .map_err(|error| SendError {
                 error,
@@ -423,33 +422,6 @@ struct SendError {
     error: hyper_util::client::legacy::Error,
     /// It was the second attempt.
     resent: bool,
-}
-
-/// What it takes to send a bodiless request again (the extensions are not kept: nothing
-/// below reads them).
-struct Replay {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-}
-
-impl Replay {
-    fn of(parts: &http::request::Parts) -> Self {
-        Replay {
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
-            headers: parts.headers.clone(),
-        }
-    }
-
-    fn into_request(self) -> Request<RequestBody> {
-        let mut req = Request::new(RequestBody::empty());
-        *req.method_mut() = self.method;
-        *req.uri_mut() = self.uri;
-        *req.headers_mut() = self.headers;
-        *req.version_mut() = Version::HTTP_11;
-        req
-    }
 }
 
 fn is_event_stream(h: &http::HeaderMap) -> bool {
