@@ -3,6 +3,7 @@
 
 pub mod body;
 pub mod buffer;
+pub mod cookies;
 pub mod exchange;
 pub mod forward;
 pub mod headers;
@@ -12,4 +13,4 @@ mod pool;
 pub mod rejection;
 mod retry;
 
-pub use forward::{Forwarder, UpstreamRequest};
+pub use forward::{Forwarder, ResponseCookies, UpstreamRequest};
