@@ -2,7 +2,7 @@
 //! response, streaming both ways unless the service asked for buffering.
 
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
