@@ -167,3 +167,20 @@ proptest! {
         }
     }
 }
+
+/// The fuzzer's seed requests stay valid, and the deploy seed passes the server's checks.
+#[test]
+fn fuzz_seed_requests_decode() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/control_request");
+    let bytes = std::fs::read(dir.join("deploy.json")).unwrap();
+    let Request::Deploy(args) = Request::decode(&bytes).unwrap() else {
+        panic!("not a deploy");
+    };
+    kamal_proxy::service::validate(&args.service_options, &args.target_options).unwrap();
+    for name in ["r0.json", "r1.json", "r2.json", "r3.json", "r4.json"] {
+        Request::decode(&std::fs::read(dir.join(name)).unwrap()).unwrap();
+    }
+    for name in ["r5.json", "r6.json", "r7.json"] {
+        serde_json::from_slice::<Response>(&std::fs::read(dir.join(name)).unwrap()).unwrap();
+    }
+}

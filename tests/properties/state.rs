@@ -418,3 +418,22 @@ pub fn replace_somewhere(root: &mut Value, at: prop::sample::Index, with: Value)
     let n = at.index(count(root));
     let _ = walk(root, n, with);
 }
+
+/// The fuzzer's seed files stay valid, so each run starts from real state files.
+#[test]
+fn fuzz_seed_state_files_parse() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/state_file");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let services = state::parse(&std::fs::read(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(!services.is_empty(), "{}", path.display());
+        for s in services {
+            ServiceConfig::build(&s.name, s.options.clone(), s.target_options.clone())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        seen += 1;
+    }
+    assert!(seen >= 3);
+}
