@@ -5,8 +5,8 @@
 use kamal_proxy::balancer::target::validate_target;
 use kamal_proxy::control::{DeployArgs, ListResponse, Request, Response, ServiceDescription};
 use kamal_proxy::gotime::GoDuration;
+use kamal_proxy::options::{DeploymentOptions, validate_service_name};
 use kamal_proxy::service::ServiceConfig;
-use kamal_proxy::service::options::{DeploymentOptions, validate_service_name};
 use proptest::prelude::*;
 
 use crate::state::{json_value, replace_somewhere, service_options, target_options};

@@ -1,11 +1,11 @@
 //! Access gates: address lists and forwarded chains, basic-auth credentials, rate limits.
 
 use http::{HeaderMap, HeaderValue};
+use kamal_proxy::options::ServiceOptions;
 use kamal_proxy::service::gates::Gates;
 use kamal_proxy::service::gates::basic_auth::{BasicAuth, Credential, encode_flag};
 use kamal_proxy::service::gates::client_ip::{ClientResolver, IpList};
 use kamal_proxy::service::gates::rate_limit::RateLimit;
-use kamal_proxy::service::options::ServiceOptions;
 use proptest::prelude::*;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

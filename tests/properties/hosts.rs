@@ -1,10 +1,10 @@
 //! Service names, hosts, path prefixes and the on-demand URL.
 
-use kamal_proxy::router::table::prefix_matches;
-use kamal_proxy::service::options::{
+use kamal_proxy::options::{
     MAX_SERVICE_NAME, ServiceOptions, normalize_prefix, validate_on_demand_url,
     validate_service_name,
 };
+use kamal_proxy::router::table::prefix_matches;
 use kamal_proxy::service::{host_without_port, routed_path};
 use proptest::prelude::*;
 

@@ -3,9 +3,9 @@
 
 use kamal_proxy::balancer::health::HealthCheckConfig;
 use kamal_proxy::gotime::GoDuration;
+use kamal_proxy::options::{ServiceOptions, TargetOptions, normalize_prefix};
 use kamal_proxy::router::state::{self, ServiceState};
 use kamal_proxy::service::ServiceConfig;
-use kamal_proxy::service::options::{ServiceOptions, TargetOptions, normalize_prefix};
 use kamal_proxy::service::pause::PauseSnapshot;
 use proptest::prelude::*;
 use serde_json::Value;
