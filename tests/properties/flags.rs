@@ -143,3 +143,32 @@ proptest! {
         }
     }
 }
+
+mod labels {
+    use kamal_proxy::gotime::parse_flag;
+    use kamal_proxy::options::ServiceOptions;
+    use kamal_proxy::service::sleep::labels::apply_value;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(crate::SOME))]
+
+        /// A label's value is read exactly as its flag's: durations by Go's rules, the
+        /// container list split at commas, trimmed, empty items dropped.
+        #[test]
+        fn labels_read_like_their_flags(value in prop_oneof![any::<String>(), "[0-9.smh, a-z-]{0,16}"]) {
+            let mut o = ServiceOptions::default();
+            match parse_flag(&value) {
+                Ok(d) => {
+                    prop_assert_eq!(apply_value(&mut o, "sleep-after", &value), Ok(()));
+                    prop_assert_eq!(o.sleep_after, d);
+                }
+                Err(e) => prop_assert_eq!(apply_value(&mut o, "wake-timeout", &value), Err(e)),
+            }
+            prop_assert_eq!(apply_value(&mut o, "sleep-container", &value), Ok(()));
+            let want: Vec<String> = value.split(',').map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect();
+            prop_assert_eq!(&o.sleep_containers, &want);
+            prop_assert!(apply_value(&mut o, "sleep-never", &value).is_err());
+        }
+    }
+}
