@@ -3,7 +3,9 @@
 //! checks and service build that follow it.
 
 use kamal_proxy::balancer::target::validate_target;
-use kamal_proxy::control::{DeployArgs, ListResponse, Request, Response, ServiceDescription};
+use kamal_proxy::control::{
+    DeployArgs, ListResponse, Request, Response, RolloutDeployArgs, ServiceDescription,
+};
 use kamal_proxy::gotime::GoDuration;
 use kamal_proxy::options::{DeploymentOptions, validate_service_name};
 use kamal_proxy::service::ServiceConfig;
@@ -62,6 +64,36 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         ".{0,12}".prop_map(|service| Request::Resume { service }),
         Just(Request::List),
+        (
+            ".{0,12}",
+            prop::collection::vec(".{0,12}", 0..3),
+            prop::collection::vec(".{0,12}", 0..2),
+            any::<i64>(),
+            any::<i64>(),
+        )
+            .prop_map(|(service, targets, readers, d, drain)| {
+                Request::RolloutDeploy(RolloutDeployArgs {
+                    service,
+                    targets,
+                    readers,
+                    deployment: DeploymentOptions {
+                        deploy_timeout: GoDuration::from_nanos(d),
+                        drain_timeout: GoDuration::from_nanos(drain),
+                        force: false,
+                    },
+                })
+            }),
+        (
+            ".{0,12}",
+            any::<i64>(),
+            prop::collection::vec(".{0,8}", 0..3)
+        )
+            .prop_map(|(service, percentage, allowlist)| Request::RolloutSet {
+                service,
+                percentage,
+                allowlist,
+            }),
+        ".{0,12}".prop_map(|service| Request::RolloutStop { service }),
     ]
 }
 
@@ -71,6 +103,11 @@ fn description() -> impl Strategy<Value = ServiceDescription> {
         prop::collection::vec(".{0,8}", 0..3),
         prop::collection::vec(".{0,8}", 0..3),
         (".{0,8}", prop::collection::vec(".{0,8}", 0..2)),
+        (
+            prop::collection::vec(".{0,8}", 0..2),
+            prop::option::of(any::<i64>()),
+            prop::collection::vec(".{0,8}", 0..2),
+        ),
     )
         .prop_map(
             |(
@@ -78,6 +115,7 @@ fn description() -> impl Strategy<Value = ServiceDescription> {
                 hosts,
                 targets,
                 (sleep_state, sleep_containers),
+                (rollout_targets, rollout_percentage, rollout_allowlist),
             )| ServiceDescription {
                 host,
                 path,
@@ -88,6 +126,10 @@ fn description() -> impl Strategy<Value = ServiceDescription> {
                 path_prefixes: vec!["/".into()],
                 targets: targets.clone(),
                 reader_targets: targets,
+                rollout_reader_targets: rollout_targets.clone(),
+                rollout_targets,
+                rollout_percentage,
+                rollout_allowlist,
                 sleep_state,
                 sleep_containers,
             },

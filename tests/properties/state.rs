@@ -2,6 +2,7 @@
 //! damaged panics the reader (or the restore that builds services from it).
 
 use kamal_proxy::balancer::health::HealthCheckConfig;
+use kamal_proxy::balancer::rollout::RolloutSplit;
 use kamal_proxy::gotime::GoDuration;
 use kamal_proxy::options::{ServiceOptions, TargetOptions, normalize_prefix};
 use kamal_proxy::router::state::{self, ServiceState};
@@ -153,16 +154,14 @@ pub fn target_options() -> impl Strategy<Value = TargetOptions> {
         )
 }
 
-fn rollout_controller() -> impl Strategy<Value = Option<Value>> {
-    prop::option::of(
-        (0u8..=100, words("[a-z0-9]{1,6}", 2)).prop_map(|(pct, allow)| {
-            serde_json::json!({
-                "percentage": pct,
-                "percentage_split_point": u64::from(u32::MAX) * u64::from(pct) / 100,
-                "allowlist": allow,
-            })
-        }),
-    )
+fn rollout_controller() -> impl Strategy<Value = Option<RolloutSplit>> {
+    prop::option::of((-5i64..=105, words("[a-z0-9]{1,6}", 2)).prop_map(
+        |(percentage, allowlist)| RolloutSplit {
+            percentage,
+            percentage_split_point: u32::MAX as f64 * percentage as f64 / 100.0,
+            allowlist,
+        },
+    ))
 }
 
 fn service_state() -> impl Strategy<Value = ServiceState> {
