@@ -30,6 +30,9 @@ pub struct AcmeSettings {
     pub default_directory: String,
     /// The account contact, if any.
     pub email: Option<String>,
+    /// The certificate cache of services that name none: `certs/` in the server's data
+    /// directory (`run --data-dir`, fork F31).
+    pub cache_dir: PathBuf,
     pub http: client::AcmeHttp,
 }
 
@@ -81,6 +84,7 @@ impl TlsContext {
     pub fn new(
         default_directory: String,
         email: Option<String>,
+        cache_dir: PathBuf,
         still_wanted: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     ) -> Arc<TlsContext> {
         let roots = client::root_store();
@@ -88,6 +92,7 @@ impl TlsContext {
             settings: Arc::new(AcmeSettings {
                 default_directory,
                 email,
+                cache_dir,
                 http: client::acme_http(roots.clone()),
             }),
             challenges: Arc::new(ChallengeStore::default()),
@@ -118,8 +123,13 @@ impl TlsContext {
         } else {
             req.acme_directory.to_string()
         };
-        let cache_path = if req.acme_cache_path.is_empty() {
-            crate::config::default_acme_cache_path()
+        // The CLI names the default cache as upstream's does (so a Go proxy reading the
+        // state file back finds it); the server's own data directory decides where that
+        // default really is.
+        let cache_path = if req.acme_cache_path.is_empty()
+            || std::path::Path::new(req.acme_cache_path) == crate::config::default_acme_cache_path()
+        {
+            self.settings.cache_dir.clone()
         } else {
             PathBuf::from(req.acme_cache_path)
         };
