@@ -135,13 +135,20 @@ async fn an_upgrade_under_continuous_load_fails_no_request() {
         )
     })
     .await;
-    // The old generation no longer owns the state file: it refuses changes.
+    // The old generation no longer owns the state file: it refuses changes, before
+    // probing anything.
+    let other = Backend::start("other").await;
     let refused = old
-        .fails(&["deploy", "other", &format!("--target={}", app.target())])
+        .fails(&["deploy", "other", &format!("--target={}", other.target())])
         .await;
     assert!(
         refused.contains("handed its listeners to a newer generation"),
         "{refused}"
+    );
+    assert_eq!(
+        other.health_hits(),
+        0,
+        "the refused deploy probed its target"
     );
 
     load.wait_for_more(200).await;

@@ -104,3 +104,55 @@ impl FirstRequest {
         let _ = tokio::time::timeout(FIRST_REQUEST_WAIT, arrived).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_drain_picks_the_grace_and_every_drain_answers_after_the_end() {
+        let shutdown = Arc::new(Shutdown::default());
+        assert_eq!(shutdown.grace(), SHUTDOWN_TIMEOUT);
+        let first = tokio::spawn({
+            let s = shutdown.clone();
+            async move { s.drain(Duration::from_secs(30)).await }
+        });
+        shutdown.drain_requested().await;
+        let second = tokio::spawn({
+            let s = shutdown.clone();
+            async move { s.drain(Duration::from_secs(1)).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(shutdown.grace(), Duration::from_secs(30));
+        assert!(!first.is_finished() && !second.is_finished());
+        shutdown.begin();
+        assert!(shutdown.stopping().is_cancelled());
+        shutdown.finished();
+        first.await.unwrap();
+        second.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_drain_timeout_keeps_the_shutdown_timeout() {
+        let shutdown = Arc::new(Shutdown::default());
+        let s = shutdown.clone();
+        let drain = tokio::spawn(async move { s.drain(Duration::ZERO).await });
+        shutdown.drain_requested().await;
+        assert_eq!(shutdown.grace(), SHUTDOWN_TIMEOUT);
+        shutdown.finished();
+        drain.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_waits_for_a_first_request_at_most_a_second() {
+        let first = FirstRequest::default();
+        let started = tokio::time::Instant::now();
+        first.wait().await;
+        assert_eq!(started.elapsed(), FIRST_REQUEST_WAIT);
+        first.mark();
+        let started = tokio::time::Instant::now();
+        first.wait().await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+}
