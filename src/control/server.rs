@@ -138,6 +138,13 @@ async fn dispatch(router: &Arc<Router>, shutdown: &Shutdown, request: Request) -
             shutdown.drain(drain_timeout.to_std()).await;
             return Response::Ok;
         }
+        Request::RolloutDeploy(args) => router.rollout_deploy(args).await,
+        Request::RolloutSet {
+            service,
+            percentage,
+            allowlist,
+        } => router.rollout_set(&service, percentage, allowlist).await,
+        Request::RolloutStop { service } => router.rollout_stop(&service).await,
     };
     match result {
         Ok(()) => Response::Ok,

@@ -95,6 +95,7 @@ pub(super) fn snapshot(s: &Service) -> ServiceState {
             .map(|c| c.state().to_string())
             .unwrap_or_default(),
     )
+    .with_rollout(s.rollout().as_deref(), s.rollout_split().as_deref())
 }
 
 /// Every service as it would be saved, with `changed` in place of (or beside) the
