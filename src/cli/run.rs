@@ -178,7 +178,12 @@ async fn serve(args: RunArgs) -> Result<(), String> {
     if let Some((_, l)) = &metrics {
         offered.push((Role::Metrics, l));
     }
-    let handover = HandoverListener::bind(&handover_path, &offered)?;
+    // Without it the proxy still serves; only the next upgrade cannot take the sockets.
+    let handover = HandoverListener::bind(&handover_path, &offered)
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "No listener hand-over: a later upgrade with --reuse-port will bind alongside instead")
+        })
+        .ok();
     let metrics_port = metrics.map(|(port, listener)| {
         tasks.push(tokio::spawn(server::serve_metrics(
             listener,
@@ -219,7 +224,7 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         https_port: args.https_port,
     });
     let control_task = tokio::spawn(control.serve(router.clone(), shutdown.clone()));
-    let handover_task = tokio::spawn(handover.serve(router.clone(), shutdown.clone()));
+    let handover_task = handover.map(|h| tokio::spawn(h.serve(router.clone(), shutdown.clone())));
     let mut listeners = vec![tokio::spawn(server::serve_http(
         http,
         proxy.clone(),
@@ -261,7 +266,9 @@ async fn serve(args: RunArgs) -> Result<(), String> {
     for t in listeners {
         let _ = t.await;
     }
-    let _ = handover_task.await;
+    if let Some(t) = handover_task {
+        let _ = t.await;
+    }
     if let Err(e) = router.flush().await {
         tracing::error!(error = %e, "Failed to save state");
     }
