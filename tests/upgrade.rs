@@ -159,6 +159,11 @@ async fn an_upgrade_under_continuous_load_fails_no_request() {
         Some(0),
         "the drained generation exits 0"
     );
+    // The HTTPS socket was handed over too: it outlives the old generation.
+    assert_eq!(new.https_port, old.https_port);
+    tokio::net::TcpStream::connect(("127.0.0.1", old.https_port))
+        .await
+        .expect("the HTTPS socket lives on in the new generation");
     load.wait_for_more(300).await;
 
     load.stop.store(true, Ordering::SeqCst);
