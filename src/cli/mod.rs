@@ -11,6 +11,7 @@ pub mod list;
 pub mod rollout;
 pub mod run;
 pub mod service_cmds;
+pub mod upgrade;
 
 use crate::control::{Request, Response, client};
 
@@ -54,6 +55,20 @@ pub enum Command {
     /// List the services currently running
     #[command(visible_alias = "ls")]
     List(list::ListCmd),
+    /// Stop accepting, finish in-flight requests, save state and exit (for a proxy
+    /// upgrade: the new generation serves meanwhile)
+    #[command(
+        long_about = "Stop accepting connections, let in-flight requests finish, save the state and exit.\n\n\
+Used to end the old generation in a proxy upgrade: a new `kamal-proxy run --reuse-port` has taken\n\
+over the listening sockets (see README, \"Upgrading the proxy without dropping requests\"). The\n\
+command returns once the drain is over.\n\n\
+Example:\n  kamal-proxy drain --drain-timeout=30s"
+    )]
+    Drain(upgrade::DrainCmd),
+    /// Wait for SIGTERM/SIGINT, doing nothing: owns a network namespace for proxy
+    /// generations to join
+    #[command(hide = true)]
+    Hold,
     // About and long help (with examples) are on `RolloutCmd`.
     Rollout(rollout::RolloutCmd),
 }
@@ -76,6 +91,8 @@ pub fn main() -> i32 {
         Some(Command::Stop(c)) => c.execute(),
         Some(Command::Resume(a)) => service_cmds::resume(a),
         Some(Command::List(c)) => c.execute(),
+        Some(Command::Drain(c)) => c.execute(),
+        Some(Command::Hold) => return upgrade::hold(),
         Some(Command::Rollout(c)) => c.execute(),
     };
     match result {

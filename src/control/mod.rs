@@ -33,6 +33,11 @@ pub enum Request {
         service: String,
     },
     List,
+    /// Stop accepting, finish what is in flight, save state, exit (fork F28); answered
+    /// once the drain is over. A zero timeout means the server's shutdown timeout.
+    Drain {
+        drain_timeout: GoDuration,
+    },
     RolloutDeploy(RolloutDeployArgs),
     RolloutSet {
         service: String,

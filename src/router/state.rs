@@ -232,13 +232,26 @@ pub fn save(path: &Path, services: &[ServiceState]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `<state>.tmp-<pid>-<generation>`: two proxy generations share the data directory
+/// during an upgrade and both may be pid 1 in their containers, so the pid alone does
+/// not tell their temp files apart; the generation (random, fixed for the process's
+/// life) does.
 fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path
         .file_name()
         .map(|n| n.to_os_string())
         .unwrap_or_default();
-    name.push(format!(".tmp-{}", std::process::id()));
+    name.push(format!(".tmp-{}-{}", std::process::id(), generation()));
     path.with_file_name(name)
+}
+
+/// This process's generation: 16 random hex digits, drawn once.
+pub fn generation() -> &'static str {
+    static GENERATION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    GENERATION.get_or_init(|| {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        id[..16].to_string()
+    })
 }
 
 /// Moves a corrupt file aside (never overwritten silently) and returns where it went.

@@ -14,7 +14,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::certificates::{TlsResolver, offers_acme_tls, prepare};
-use super::{Proxy, accept_loop, handle, normalize};
+use super::{FirstRequest, Proxy, Shutdown, accept_loop, handle, normalize};
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
 
@@ -59,8 +59,8 @@ impl Https {
     }
 }
 
-pub async fn serve_https(listener: TcpListener, https: Arc<Https>, stop: CancellationToken) {
-    accept_loop(listener, stop, move |stream, client, draining| {
+pub async fn serve_https(listener: TcpListener, https: Arc<Https>, shutdown: Arc<Shutdown>) {
+    accept_loop(listener, shutdown, move |stream, client, draining| {
         serve_connection(stream, client, https.clone(), draining)
     })
     .await
@@ -133,7 +133,10 @@ async fn serve_connection(
         tls: true,
     };
     let shared = https.clone();
+    let first = Arc::new(FirstRequest::default());
+    let seen = first.clone();
     let service = service_fn(move |req| {
+        seen.mark();
         let https = shared.clone();
         async move {
             let mut response = handle(&https.proxy, req, conn).await;
@@ -154,8 +157,13 @@ async fn serve_connection(
     let result = tokio::select! {
         r = connection.as_mut() => r,
         _ = draining.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
+            tokio::select! {
+                r = connection.as_mut() => r,
+                _ = first.wait() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            }
         }
     };
     if let Err(e) = result {

@@ -16,7 +16,11 @@ mod acme_http01;
 pub mod certificates;
 #[cfg(feature = "http3")]
 pub mod h3;
+pub mod handover;
 pub mod https;
+pub mod shutdown;
+
+pub use shutdown::{FirstRequest, SHUTDOWN_TIMEOUT, Shutdown};
 
 use crate::observe::access::{AccessRecord, header_values, no_logged_headers};
 use crate::proxy::Forwarder;
@@ -28,8 +32,6 @@ use crate::router::Router;
 use crate::service::{Conn, host_without_port, request_host};
 
 pub const PING_PATH: &str = "/.kamal-proxy/ping";
-/// Upstream's shutdown grace: in-flight requests get this long to finish.
-pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything the request path needs, shared by every connection.
 pub struct Proxy {
@@ -39,12 +41,18 @@ pub struct Proxy {
     pub https_port: u16,
 }
 
-/// Binds like Go's `net.Listen("tcp", ":port")`, with Go's error wording.
-pub async fn bind(port: u16) -> Result<TcpListener, String> {
+/// Binds like Go's `net.Listen("tcp", ":port")`, with Go's error wording. `reuse_port`
+/// (`run --reuse-port`, fork F28) lets two proxy generations hold the port at once.
+pub async fn bind(port: u16, reuse_port: bool) -> Result<TcpListener, String> {
     let addr = SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 0], port));
     let socket = tokio::net::TcpSocket::new_v6().map_err(|e| format!("listen tcp :{port}: {e}"))?;
     // Accept IPv4 too (dual stack), and allow quick restarts.
     let _ = socket.set_reuseaddr(true);
+    if reuse_port {
+        socket
+            .set_reuseport(true)
+            .map_err(|e| format!("listen tcp :{port}: SO_REUSEPORT: {e}"))?;
+    }
     let bound = set_dual_stack(&socket)
         .and_then(|()| socket.bind(addr))
         .and_then(|()| socket.listen(1024));
@@ -56,8 +64,15 @@ pub async fn bind(port: u16) -> Result<TcpListener, String> {
             if e.kind() == std::io::ErrorKind::AddrInUse {
                 return Err(format!("listen tcp :{port}: bind: address already in use"));
             }
-            TcpListener::bind(v4)
-                .await
+            let socket =
+                tokio::net::TcpSocket::new_v4().map_err(|e| format!("listen tcp :{port}: {e}"))?;
+            let _ = socket.set_reuseaddr(true);
+            if reuse_port {
+                let _ = socket.set_reuseport(true);
+            }
+            socket
+                .bind(v4)
+                .and_then(|()| socket.listen(1024))
                 .map_err(|e| format!("listen tcp :{port}: bind: {}", io_text(&e)))
         }
     }
@@ -91,10 +106,10 @@ fn io_text(e: &std::io::Error) -> String {
     }
 }
 
-/// Serves plain HTTP/1.x (upstream's HTTP port speaks no h2c) until `stop` is cancelled,
-/// then lets in-flight requests finish for up to [`SHUTDOWN_TIMEOUT`].
-pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, stop: CancellationToken) {
-    accept_loop(listener, stop, move |stream, client, draining| {
+/// Serves plain HTTP/1.x (upstream's HTTP port speaks no h2c) until the shutdown
+/// begins, then lets in-flight requests finish within its grace period.
+pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, shutdown: Arc<Shutdown>) {
+    accept_loop(listener, shutdown, move |stream, client, draining| {
         serve_connection(stream, client, proxy.clone(), false, draining)
     })
     .await
@@ -143,10 +158,11 @@ impl AcceptBackoff {
     }
 }
 
-/// Accepts connections until `stop` is cancelled and serves each with `serve`; then
-/// cancels the `draining` token every connection got and waits up to
-/// [`SHUTDOWN_TIMEOUT`] for them to close.
-pub async fn accept_loop<F, Fut>(listener: TcpListener, stop: CancellationToken, serve: F)
+/// Accepts connections until the shutdown begins and serves each with `serve`; then
+/// closes the listener (a socket handed to a newer generation stays open there, its
+/// queue included), cancels the `draining` token every connection got and waits up to
+/// the shutdown's grace period for them to close.
+pub async fn accept_loop<F, Fut>(listener: TcpListener, shutdown: Arc<Shutdown>, serve: F)
 where
     F: Fn(TcpStream, SocketAddr, CancellationToken) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -155,6 +171,7 @@ where
     let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
     let draining = CancellationToken::new();
     let mut backoff = AcceptBackoff::default();
+    let stop = shutdown.stopping();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -186,7 +203,7 @@ where
     drop(open_tx);
     draining.cancel();
     // recv() returns None once every connection task has dropped its sender.
-    if tokio::time::timeout(SHUTDOWN_TIMEOUT, open_rx.recv())
+    if tokio::time::timeout(shutdown.grace(), open_rx.recv())
         .await
         .is_err()
     {
@@ -208,7 +225,10 @@ async fn serve_connection(
         client: normalize(client),
         tls,
     };
+    let first = Arc::new(FirstRequest::default());
+    let seen = first.clone();
     let service = service_fn(move |req| {
+        seen.mark();
         let proxy = proxy.clone();
         async move { Ok::<_, Infallible>(handle(&proxy, req, conn).await) }
     });
@@ -220,8 +240,13 @@ async fn serve_connection(
     let result = tokio::select! {
         r = connection.as_mut() => r,
         _ = draining.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
+            tokio::select! {
+                r = connection.as_mut() => r,
+                _ = first.wait() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            }
         }
     };
     if let Err(e) = result {

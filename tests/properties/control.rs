@@ -94,6 +94,9 @@ fn request() -> impl Strategy<Value = Request> {
                 allowlist,
             }),
         ".{0,12}".prop_map(|service| Request::RolloutStop { service }),
+        any::<i64>().prop_map(|d| Request::Drain {
+            drain_timeout: GoDuration::from_nanos(d)
+        }),
     ]
 }
 
