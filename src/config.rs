@@ -77,9 +77,14 @@ pub fn data_dir() -> Result<PathBuf, String> {
 /// proxy's user cannot write is a startup error naming the path and the user, rather
 /// than services that vanish at the next restart. Upstream falls back to the temp dir;
 /// we never do: state there would not survive the container.
-pub fn prepare_data_dir() -> Result<PathBuf, String> {
+/// `chosen` is `run --data-dir` (fork F31); empty means the default under `$HOME`.
+pub fn prepare_data_dir(chosen: &str) -> Result<PathBuf, String> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = data_dir()?;
+    let dir = if chosen.is_empty() {
+        data_dir()?
+    } else {
+        PathBuf::from(chosen)
+    };
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -106,10 +111,20 @@ pub fn prepare_data_dir() -> Result<PathBuf, String> {
 
 pub const STATE_FILE_NAME: &str = "kamal-proxy.state";
 
+/// Where the certificates of services that name no `--tls-acme-cache-path` live.
+pub const CERTS_DIR_NAME: &str = "certs";
+
+/// The socket the next proxy generation asks for this one's listeners (`run
+/// --reuse-port`): in the data directory, because that is the volume two generations in
+/// two containers share.
+pub const HANDOVER_SOCKET_NAME: &str = "kamal-proxy.handover.sock";
+
 /// The default ACME cache, computed by the client as upstream does; empty when there is
 /// no home directory, which makes the server use its own default.
 pub fn default_acme_cache_path() -> PathBuf {
-    data_dir().map(|d| d.join("certs")).unwrap_or_default()
+    data_dir()
+        .map(|d| d.join(CERTS_DIR_NAME))
+        .unwrap_or_default()
 }
 
 /// `name (uid N)` of the process's user, for error messages about permissions.

@@ -44,7 +44,17 @@ fn write_state_file(home: &Path, contents: &str) {
 
 /// A proxy whose home already holds `contents` as its state file.
 async fn start_with_state(contents: &str) -> Proxy {
-    let proxy = Proxy::start().await;
+    start_with_state_and(contents, &[]).await
+}
+
+/// A file that cannot be decoded stops the start-up (fork F29) unless the proxy runs
+/// with `--ignore-restore-errors`, which sets it aside and boots empty.
+async fn start_ignoring_restore_errors(contents: &str) -> Proxy {
+    start_with_state_and(contents, &["--ignore-restore-errors"]).await
+}
+
+async fn start_with_state_and(contents: &str, args: &[&str]) -> Proxy {
+    let proxy = Proxy::start_with(args, &[]).await;
     let home = proxy.home();
     let mut proxy = proxy;
     proxy.terminate().await;
@@ -665,10 +675,42 @@ async fn a_change_that_cannot_be_saved_is_refused_and_traffic_stays_as_it_was() 
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_state_file_that_cannot_be_decoded_stops_the_start_up_and_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let garbage = "[{\"name\":\"app\",\"options\":{\"hosts\":[\"a";
+    write_state_file(&home, garbage);
+    match testkit::try_run_in(
+        dir.path(),
+        &home,
+        None,
+        &["--http-port=0", "--https-port=0"],
+        &[],
+    )
+    .await
+    {
+        testkit::RunOutcome::Exited { code, stderr } => {
+            assert_eq!(code, Some(1));
+            assert!(
+                stderr.starts_with("Error: failed to restore saved state (use --ignore-restore-errors to boot with no services): "),
+                "{stderr}"
+            );
+        }
+        other => panic!("started on a corrupt state file: {other:?}"),
+    }
+    let state = home.join(".config/kamal-proxy/kamal-proxy.state");
+    assert_eq!(
+        std::fs::read_to_string(state).unwrap(),
+        garbage,
+        "left in place, untouched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn corrupt_state_file_is_set_aside() {
     let app = Backend::start("app").await;
     let garbage = "{\"version\":2,\"services\":[{\"name\":\"app\",\"options\":{\"hosts\":[\"a";
-    let mut proxy = start_with_state(garbage).await;
+    let mut proxy = start_ignoring_restore_errors(garbage).await;
 
     proxy
         .wait_for_log("Failed to decode saved state", |l| {
@@ -699,7 +741,7 @@ async fn corrupt_state_file_is_set_aside() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_corrupt_file_does_not_replace_the_first() {
-    let mut proxy = start_with_state("first garbage").await;
+    let mut proxy = start_ignoring_restore_errors("first garbage").await;
     assert_eq!(corrupt_files(&proxy).len(), 1);
     proxy.terminate().await;
     write_state_file(&proxy.home(), "second garbage");
@@ -722,7 +764,7 @@ async fn state_file_with_an_invalid_target_is_set_aside_whole() {
         {"name": "bad", "options": {"hosts": ["bad.test"]}, "active_targets": ["foo/bar"]}
     ])
     .to_string();
-    let mut proxy = start_with_state(&contents).await;
+    let mut proxy = start_ignoring_restore_errors(&contents).await;
 
     // Upstream decodes all or nothing; the file is kept for the operator either way.
     proxy

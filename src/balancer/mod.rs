@@ -140,13 +140,24 @@ impl LoadBalancer {
     }
 
     pub fn start_health_checks(self: &Arc<Self>, mode: ProbeMode) {
+        // A pool with a single target stops probing once it is healthy (upstream): the
+        // probe would otherwise be the only traffic an idle app ever sees.
+        let single = self.writers.len() + self.readers.len() == 1;
+        self.start_probes(mode, single);
+    }
+
+    /// As [`Self::start_health_checks`], but a single target is probed on after it is
+    /// healthy too (`--recheck-targets-on-restore`, fork F30): a restored target was
+    /// never seen alive by this process, and may die or come back at any time.
+    pub fn start_health_checks_for_life(self: &Arc<Self>, mode: ProbeMode) {
+        self.start_probes(mode, false);
+    }
+
+    fn start_probes(self: &Arc<Self>, mode: ProbeMode, single: bool) {
         let token = CancellationToken::new();
         if let Some(old) = self.probes_slot().replace(token.clone()) {
             old.cancel();
         }
-        // A pool with a single target stops probing once it is healthy (upstream): the
-        // probe would otherwise be the only traffic an idle app ever sees.
-        let single = self.writers.len() + self.readers.len() == 1;
         for target in self.all_targets() {
             let lb = Arc::downgrade(self);
             let target = target.clone();

@@ -10,9 +10,10 @@ use crate::control::server::ControlListener;
 use crate::gotime::GoDuration;
 use crate::lifecycle::ContainerLifecycle;
 use crate::lifecycle::docker::{check_socket_path, connect};
-use crate::router::Router;
+use crate::router::{RestorePolicy, Router};
+use crate::server::handover::{self, HandoverListener, Inherited, Role};
 use crate::server::limits::{self, ConnectionSlots, Limits};
-use crate::server::{self, Proxy};
+use crate::server::{self, Proxy, Shutdown};
 
 #[derive(Args, Debug)]
 #[command(
@@ -20,7 +21,7 @@ use crate::server::{self, Proxy};
     long_about = "Run the server.\n\n\
 Each flag can also be set from the environment: KAMAL_PROXY_<NAME>, then <NAME>\n\
 (e.g. KAMAL_PROXY_HTTP_PORT or HTTP_PORT); an explicit flag wins.\n\n\
-Example:\n  kamal-proxy run --http-port=8080 --metrics-port=9090"
+Example:\n  kamal-proxy run --http-port=8080 --metrics-port=9090\n  kamal-proxy run --data-dir=/var/lib/kamal-proxy --recheck-targets-on-restore"
 )]
 pub struct RunArgs {
     /// Upstream accepts and ignores positional arguments.
@@ -64,6 +65,23 @@ pub struct RunArgs {
     /// [env: KAMAL_PROXY_MAX_REQUEST_HEADER_SIZE, MAX_REQUEST_HEADER_SIZE]
     #[arg(long = "max-request-header-size", value_parser = max_header_size, default_value_t = env_parsed("MAX_REQUEST_HEADER_SIZE", max_header_size, limits::DEFAULT_MAX_HEADER_BYTES), value_name = "BYTES")]
     max_request_header_size: usize,
+    /// Directory for the state file and certificates [default: $HOME/.config/kamal-proxy]
+    /// [env: KAMAL_PROXY_DATA_DIR, DATA_DIR]
+    #[arg(long = "data-dir", default_value_t = env_value("DATA_DIR").unwrap_or_default(), hide_default_value = true, value_name = "PATH")]
+    data_dir: String,
+    /// Boot with no services when the state file cannot be decoded (it is set aside),
+    /// instead of refusing to start [env: KAMAL_PROXY_IGNORE_RESTORE_ERRORS, IGNORE_RESTORE_ERRORS]
+    #[arg(long = "ignore-restore-errors", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, default_value_t = env_bool("IGNORE_RESTORE_ERRORS", false), value_name = "BOOL")]
+    ignore_restore_errors: bool,
+    /// Keep health-checking restored targets (they serve at once; a dead one is taken out,
+    /// a recovered one rejoins) [env: KAMAL_PROXY_RECHECK_TARGETS_ON_RESTORE, RECHECK_TARGETS_ON_RESTORE]
+    #[arg(long = "recheck-targets-on-restore", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, default_value_t = env_bool("RECHECK_TARGETS_ON_RESTORE", false), value_name = "BOOL")]
+    recheck_targets_on_restore: bool,
+    /// Bind the listeners with SO_REUSEPORT and take over the listening sockets of a
+    /// running generation sharing the data directory, for an upgrade that drops nothing
+    /// (then `kamal-proxy drain` the old one) [env: KAMAL_PROXY_REUSE_PORT, REUSE_PORT]
+    #[arg(long = "reuse-port", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, default_value_t = env_bool("REUSE_PORT", false), value_name = "BOOL")]
+    reuse_port: bool,
 }
 
 /// An environment default parsed as the flag is; a value that does not parse falls back
@@ -100,6 +118,10 @@ pub fn run(args: RunArgs) -> i32 {
     let _log_guard = crate::observe::log::init(args.debug);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // Access lines wait in a per-worker batch until the worker goes idle (or the batch
+        // fills): one hand-over to the log writer per burst instead of one per request.
+        .on_thread_park(crate::observe::log::thread_idle)
+        .on_thread_stop(crate::observe::log::thread_stopping)
         .build()
     {
         Ok(r) => r,
@@ -140,7 +162,19 @@ async fn serve(args: RunArgs) -> Result<(), String> {
             "The open files limit is too low for --max-connections; descriptors may run out first"
         );
     }
-    let data_dir = crate::config::prepare_data_dir()?;
+    let data_dir = crate::config::prepare_data_dir(&args.data_dir)?;
+    let reuse = args.reuse_port;
+    // An upgrade: the previous generation's listening sockets, asked for before the
+    // state is read, because handing them over is also how it gives up the state file.
+    let handover_path = data_dir.join(crate::config::HANDOVER_SOCKET_NAME);
+    let mut inherited = if reuse {
+        handover::ask(&handover_path).await?.unwrap_or_default()
+    } else {
+        Inherited::default()
+    };
+    if !inherited.is_empty() {
+        tracing::info!("Took over the listeners of the previous generation");
+    }
     let state_path = data_dir.join(crate::config::STATE_FILE_NAME);
     for leftover in crate::router::state::remove_stale_temp_files(&state_path) {
         tracing::info!(path = %leftover.display(), "Removed leftover temp state file");
@@ -152,39 +186,79 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         args.acme_directory.clone()
     };
     let acme_email = (!args.acme_email.is_empty()).then(|| args.acme_email.clone());
-    router.configure_tls(acme_directory, acme_email);
-    router.restore().await?;
+    router.configure_tls(
+        acme_directory,
+        acme_email,
+        data_dir.join(crate::config::CERTS_DIR_NAME),
+    );
+    router
+        .restore(RestorePolicy {
+            ignore_errors: args.ignore_restore_errors,
+            recheck_targets: args.recheck_targets_on_restore,
+        })
+        .await?;
 
-    let stop = CancellationToken::new();
+    let shutdown = Arc::new(Shutdown::default());
+    // Metrics outlive the drain (fork F28): they stop with the process.
+    let metrics_stop = CancellationToken::new();
     let mut tasks = Vec::new();
     // `--metrics-port 0` means disabled (upstream), so a bound metrics port is never 0.
-    let mut metrics_port = None;
+    let mut metrics = None;
     if args.metrics_port != 0 {
         crate::observe::metrics::enable()?;
-        let listener = server::bind(args.metrics_port).await?;
+        let listener = match inherited.take(Role::Metrics, args.metrics_port) {
+            Some(l) => l,
+            None => server::bind(args.metrics_port, reuse).await?,
+        };
         let port = listener
             .local_addr()
             .map(|a| a.port())
             .unwrap_or(args.metrics_port);
         tracing::info!(address = %format!(":{port}"), "Metrics enabled");
-        metrics_port = Some(port);
-        tasks.push(tokio::spawn(server::serve_metrics(listener, stop.clone())));
+        metrics = Some((port, listener));
     }
-    let http = server::bind(args.http_port).await?;
+    let http = match inherited.take(Role::Http, args.http_port) {
+        Some(l) => l,
+        None => server::bind(args.http_port, reuse).await?,
+    };
     let http_port = http
         .local_addr()
         .map(|a| a.port())
         .unwrap_or(args.http_port);
-    let https = server::bind(args.https_port).await?;
+    let https = match inherited.take(Role::Https, args.https_port) {
+        Some(l) => l,
+        None => server::bind(args.https_port, reuse).await?,
+    };
     let https_port = https
         .local_addr()
         .map(|a| a.port())
         .unwrap_or(args.https_port);
+    // The next generation asks here for these very sockets.
+    let mut offered = vec![(Role::Http, &http), (Role::Https, &https)];
+    if let Some((_, l)) = &metrics {
+        offered.push((Role::Metrics, l));
+    }
+    // Without it the proxy still serves; only the next upgrade cannot take the sockets.
+    let handover = HandoverListener::bind(&handover_path, &offered)
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "No listener hand-over: a later upgrade with --reuse-port will bind alongside instead")
+        })
+        .ok();
+    let metrics_port = metrics.map(|(port, listener)| {
+        tasks.push(tokio::spawn(server::serve_metrics(
+            listener,
+            metrics_stop.clone(),
+        )));
+        port
+    });
     let tls_config = crate::server::https::server_config(Arc::new(
         crate::server::certificates::TlsResolver::new(router.clone()),
     ));
     #[cfg(feature = "http3")]
     let h3_endpoint = if args.http3 {
+        if reuse {
+            return Err("--http3 cannot be combined with --reuse-port yet".into());
+        }
         Some(crate::server::h3::bind(https_port, &tls_config)?)
     } else {
         None
@@ -219,25 +293,30 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         limits,
         slots: ConnectionSlots::new(limits.max_connections),
     });
-    let control_task = tokio::spawn(control.serve(router.clone()));
+    let control_task = tokio::spawn(control.serve(router.clone(), shutdown.clone()));
+    let handover_task = handover.map(|h| tokio::spawn(h.serve(router.clone(), shutdown.clone())));
+    let mut listeners = vec![tokio::spawn(server::serve_http(
+        http,
+        proxy.clone(),
+        shutdown.clone(),
+    ))];
     tasks.push(tokio::spawn(server::trim::after_bursts(
         proxy.slots.clone(),
-        stop.clone(),
+        shutdown.stopping(),
     )));
-    let http_task = tokio::spawn(server::serve_http(http, proxy.clone(), stop.clone()));
     #[cfg(feature = "http3")]
     if let Some(endpoint) = h3_endpoint {
-        tasks.push(tokio::spawn(crate::server::h3::serve(
+        listeners.push(tokio::spawn(crate::server::h3::serve(
             endpoint,
             proxy.clone(),
-            stop.clone(),
+            shutdown.stopping(),
         )));
     }
     let https_shared = crate::server::https::Https::new(proxy, tls_config, alt_svc);
-    tasks.push(tokio::spawn(crate::server::https::serve_https(
+    listeners.push(tokio::spawn(crate::server::https::serve_https(
         https,
         https_shared,
-        stop.clone(),
+        shutdown.clone(),
     )));
     // The ports actually bound, so a caller that passed 0 learns them from this line.
     match metrics_port {
@@ -252,19 +331,38 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         None => tracing::info!(http = http_port, https = https_port, "Server started"),
     }
 
-    wait_for_signal().await;
+    // A signal and `drain` take the same path; only `drain` waits for the reply.
+    let drained = tokio::select! {
+        _ = wait_for_signal() => false,
+        _ = shutdown.drain_requested() => true,
+    };
+    shutdown.begin();
+    for t in listeners {
+        let _ = t.await;
+    }
+    if let Some(t) = handover_task {
+        let _ = t.await;
+    }
+    if let Err(e) = router.flush().await {
+        tracing::error!(error = %e, "Failed to save state");
+    }
+    router.shutdown().await;
+    shutdown.finished();
+    if drained {
+        tracing::info!("Drained");
+        // Time for the drain's reply to reach the caller before the process goes.
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
     control_task.abort();
-    stop.cancel();
-    let _ = http_task.await;
+    metrics_stop.cancel();
     for t in tasks {
         let _ = t.await;
     }
-    router.shutdown().await;
     tracing::info!("Server stopped");
     Ok(())
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

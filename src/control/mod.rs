@@ -33,6 +33,11 @@ pub enum Request {
         service: String,
     },
     List,
+    /// Stop accepting, finish what is in flight, save state, exit (fork F28); answered
+    /// once the drain is over. A zero timeout means the server's shutdown timeout.
+    Drain {
+        drain_timeout: GoDuration,
+    },
     RolloutDeploy(RolloutDeployArgs),
     RolloutSet {
         service: String,
@@ -43,6 +48,14 @@ pub enum Request {
     RolloutStop {
         service: String,
     },
+}
+
+impl Request {
+    /// Reads one request as the server receives it. Public so the property tests and the
+    /// fuzz targets exercise exactly the server's decoder.
+    pub fn decode(bytes: &[u8]) -> Result<Request, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("invalid request: {e}"))
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

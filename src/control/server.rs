@@ -10,6 +10,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use super::{Request, Response};
 use crate::router::Router;
+use crate::server::Shutdown;
 
 /// Requests are small; anything larger is not from our CLI.
 const MAX_REQUEST_BYTES: u64 = 4 << 20;
@@ -42,12 +43,13 @@ impl ControlListener {
         })
     }
 
-    pub async fn serve(self, router: Arc<Router>) {
+    pub async fn serve(self, router: Arc<Router>, shutdown: Arc<Shutdown>) {
         loop {
             match self.listener.accept().await {
                 Ok((stream, _)) => {
                     let router = router.clone();
-                    tokio::spawn(async move { handle(stream, router).await });
+                    let shutdown = shutdown.clone();
+                    tokio::spawn(async move { handle(stream, router, shutdown).await });
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "Failed to accept control connection");
@@ -64,7 +66,7 @@ impl Drop for ControlListener {
     }
 }
 
-async fn handle(mut stream: UnixStream, router: Arc<Router>) {
+async fn handle(mut stream: UnixStream, router: Arc<Router>, shutdown: Arc<Shutdown>) {
     let caller = stream.peer_cred().map(|c| c.uid());
     // The request is read even from a caller that will be refused: closing with its bytes
     // unread would reset the connection, and the caller would never see why.
@@ -84,9 +86,9 @@ async fn handle(mut stream: UnixStream, router: Arc<Router>) {
         }
         (Ok(()), Err(_)) => Response::Error("timed out reading the request".into()),
         (Ok(()), Ok(Err(e))) => Response::Error(format!("failed to read request: {e}")),
-        (Ok(()), Ok(Ok(_))) => match serde_json::from_slice::<Request>(&buf) {
-            Err(e) => Response::Error(format!("invalid request: {e}")),
-            Ok(request) => dispatch(&router, request).await,
+        (Ok(()), Ok(Ok(_))) => match Request::decode(&buf) {
+            Err(e) => Response::Error(e),
+            Ok(request) => dispatch(&router, &shutdown, request).await,
         },
     };
     reply(&mut stream, &response).await;
@@ -115,7 +117,7 @@ fn admit(caller: u32, server: u32) -> Result<(), String> {
     }
 }
 
-async fn dispatch(router: &Arc<Router>, request: Request) -> Response {
+async fn dispatch(router: &Arc<Router>, shutdown: &Shutdown, request: Request) -> Response {
     let result = match request {
         Request::Deploy(args) => router.deploy(*args).await,
         Request::Remove { service } => router.remove(&service).await,
@@ -131,6 +133,11 @@ async fn dispatch(router: &Arc<Router>, request: Request) -> Response {
         } => router.stop(&service, drain_timeout, message).await,
         Request::Resume { service } => router.resume(&service).await,
         Request::List => return Response::List(super::list::describe(router.services())),
+        Request::Drain { drain_timeout } => {
+            tracing::info!(timeout = %drain_timeout, "Draining");
+            shutdown.drain(drain_timeout.to_std()).await;
+            return Response::Ok;
+        }
         Request::RolloutDeploy(args) => router.rollout_deploy(args).await,
         Request::RolloutSet {
             service,

@@ -50,6 +50,11 @@ struct Checked {
 
 impl Router {
     pub async fn deploy(self: &Arc<Self>, args: DeployArgs) -> Result<(), String> {
+        // Before anything else: a deploy here would wake containers and probe targets
+        // only to be refused at the save.
+        if self.store.is_retired() {
+            return Err(super::persist::RETIRED.into());
+        }
         let Checked {
             name,
             targets,

@@ -27,6 +27,7 @@ pub mod table;
 mod tls;
 
 pub use deploy::DeployArgs;
+pub use restore::RestorePolicy;
 pub use rollout::RolloutDeployArgs;
 
 use crate::balancer::health::{ProbeClient, probe_client};
@@ -67,6 +68,9 @@ impl Router {
                 persist.notified().await;
                 let Some(router) = weak.upgrade() else { return };
                 let services = router.services.lock().await;
+                if router.store.is_retired() {
+                    continue;
+                }
                 // A sleep transition cannot be refused after the fact; say so loudly.
                 if let Err(e) = router.store.save(snapshots(&services, None)).await {
                     tracing::error!(error = %e, "Failed to save state");
@@ -108,6 +112,23 @@ impl Router {
         let table = RouteTable::build(services.values());
         tls::inherit_tls_settings(&table, services);
         self.table.store(Arc::new(table));
+    }
+
+    /// Hands the state file to a newer generation (see [`StateStore::retire`]): waits for
+    /// a change under way to be saved, and refuses every later one.
+    pub async fn retire(&self) {
+        let _services = self.services.lock().await;
+        self.store.retire();
+    }
+
+    /// Saves every service now (a drain's last step), unless a newer generation owns the
+    /// file.
+    pub async fn flush(&self) -> Result<(), String> {
+        let services = self.services.lock().await;
+        if self.store.is_retired() {
+            return Ok(());
+        }
+        self.store.save(snapshots(&services, None)).await
     }
 
     /// Graceful shutdown: stop probing so no task outlives the listeners.

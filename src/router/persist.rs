@@ -9,17 +9,38 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::state::{self, LoadError, ServiceState};
 use crate::service::Service;
 
 pub struct StateStore {
     path: PathBuf,
+    /// Set once this generation has handed its listeners to a newer one: from then on the
+    /// newer generation owns the file (it restored from it), and a save here would undo
+    /// its changes.
+    retired: AtomicBool,
 }
+
+/// Why a retired generation refuses a change.
+pub const RETIRED: &str = "this kamal-proxy has handed its listeners to a newer generation, which now owns the state; send changes to it";
 
 impl StateStore {
     pub fn new(path: PathBuf) -> StateStore {
-        StateStore { path }
+        StateStore {
+            path,
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// Gives up the file for good. Callers hold the router's control lock, so no save
+    /// of this generation is under way or follows.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
     }
 
     pub fn path(&self) -> &Path {
@@ -35,6 +56,9 @@ impl StateStore {
     /// runtime thread that is also serving requests). Callers hold the router's control
     /// lock across the call, so saves land in the order the changes were made.
     pub async fn save(&self, services: Vec<ServiceState>) -> Result<(), String> {
+        if self.is_retired() {
+            return Err(RETIRED.into());
+        }
         let path = self.path.clone();
         let written = tokio::task::spawn_blocking(move || state::save(&path, &services)).await;
         match written {

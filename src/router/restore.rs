@@ -10,11 +10,28 @@ use crate::service::pause::PauseController;
 use crate::service::sleep::IdleState;
 use crate::service::{Service, ServiceConfig};
 
+/// `run`'s restore flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RestorePolicy {
+    /// `--ignore-restore-errors` (fork F29): a state file that cannot be decoded is set
+    /// aside and the proxy boots with no services, instead of refusing to start.
+    pub ignore_errors: bool,
+    /// `--recheck-targets-on-restore` (fork F30): restored targets serve at once but keep
+    /// being probed for the pool's life, so a target that died while the proxy was down
+    /// is demoted (503) and one that recovers rejoins.
+    pub recheck_targets: bool,
+}
+
+/// The error `run` exits with when the state file cannot be decoded (fork F29).
+const RESTORE_FAILED: &str =
+    "failed to restore saved state (use --ignore-restore-errors to boot with no services)";
+
 impl Router {
-    /// Restores the state file. A corrupt file is set aside and the proxy starts empty; a
-    /// file that cannot be read at all is an error (starting empty would overwrite it at
-    /// the next deploy).
-    pub async fn restore(self: &Arc<Self>) -> Result<(), String> {
+    /// Restores the state file. A file that cannot be decoded stops the start-up, left
+    /// in place (fork F29); with `--ignore-restore-errors` it is set aside and the proxy
+    /// starts empty. A file that cannot be read at all is always an error (starting
+    /// empty would overwrite it at the next deploy).
+    pub async fn restore(self: &Arc<Self>, policy: RestorePolicy) -> Result<(), String> {
         let path = self.store.path().display().to_string();
         let saved = match self.store.load() {
             Ok(None) => {
@@ -28,6 +45,10 @@ impl Router {
                     crate::config::current_user()
                 ));
             }
+            Err(e) if !policy.ignore_errors => {
+                tracing::error!(path = %path, error = %e, "Failed to decode saved state");
+                return Err(format!("{RESTORE_FAILED}: {path}: {e}"));
+            }
             Err(e) => {
                 let aside = self.store.set_aside();
                 tracing::error!(path = %path, error = %e, moved_to = %aside, "Failed to decode saved state");
@@ -38,7 +59,7 @@ impl Router {
         // silently drop the services that failed.
         let mut restored = BTreeMap::new();
         for s in &saved {
-            match self.restore_service(s) {
+            match self.restore_service(s, policy) {
                 Ok(service) => {
                     restored.insert(s.name.clone(), service);
                 }
@@ -48,6 +69,13 @@ impl Router {
                         for pool in service.pools() {
                             pool.stop_health_checks();
                         }
+                    }
+                    if !policy.ignore_errors {
+                        tracing::error!(path = %path, service = %s.name, error = %e, "Failed to decode saved state");
+                        return Err(format!(
+                            "{RESTORE_FAILED}: {path}: service \"{}\": {e}",
+                            s.name
+                        ));
                     }
                     let aside = self.store.set_aside();
                     tracing::error!(path = %path, service = %s.name, error = %e, moved_to = %aside, "Failed to decode saved state");
@@ -62,7 +90,11 @@ impl Router {
         Ok(())
     }
 
-    fn restore_service(self: &Arc<Self>, s: &ServiceState) -> Result<Arc<Service>, String> {
+    fn restore_service(
+        self: &Arc<Self>,
+        s: &ServiceState,
+        policy: RestorePolicy,
+    ) -> Result<Arc<Service>, String> {
         let mut config =
             ServiceConfig::build(&s.name, s.options.clone(), s.target_options.clone())?;
         config.tls = s
@@ -112,7 +144,11 @@ impl Router {
             .is_none_or(|c| c.state() == IdleState::Active)
         {
             for pool in std::iter::once(&lb).chain(rollout.as_ref()) {
-                pool.start_health_checks(ProbeMode::Deploy);
+                if policy.recheck_targets {
+                    pool.start_health_checks_for_life(ProbeMode::Deploy);
+                } else {
+                    pool.start_health_checks(ProbeMode::Deploy);
+                }
             }
         }
         Ok(service)

@@ -30,6 +30,10 @@ impl Router {
     /// Health-checks the new pool with the service's current options, installs it in the
     /// rollout slot, then drains the rollout pool it replaces.
     pub async fn rollout_deploy(self: &Arc<Self>, args: RolloutDeployArgs) -> Result<(), String> {
+        // As `deploy`: a retired generation refuses before probing anything.
+        if self.store.is_retired() {
+            return Err(super::persist::RETIRED.into());
+        }
         let RolloutDeployArgs {
             service: name,
             targets,

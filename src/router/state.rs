@@ -232,21 +232,29 @@ pub fn save(path: &Path, services: &[ServiceState]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `<state>.tmp-<pid>-<generation>`: two proxy generations share the data directory
+/// during an upgrade and both may be pid 1 in their containers, so the pid alone does
+/// not tell their temp files apart; the generation (random, fixed for the process's
+/// life) does.
 fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path
         .file_name()
         .map(|n| n.to_os_string())
         .unwrap_or_default();
-    name.push(format!("{TMP_INFIX}{}", std::process::id()));
+    name.push(format!(
+        "{TMP_INFIX}{}-{}",
+        std::process::id(),
+        generation()
+    ));
     path.with_file_name(name)
 }
 
 const TMP_INFIX: &str = ".tmp-";
 
 /// Removes the temp files a killed process left beside the state file
-/// (`<name>.tmp-<pid>`), and returns them. Only a dead writer's: during a proxy upgrade
+/// (`<name>.tmp-<pid>-<generation>`), and returns them. Only a dead writer's: during a proxy upgrade
 /// two generations may share the data dir, and the other one's save may be in flight.
-/// Our own pid's file is left too: our first save reuses (and renames) it.
+/// Our own pid's are left too: both generations may be pid 1 in their containers.
 pub fn remove_stale_temp_files(path: &Path) -> Vec<PathBuf> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Vec::new();
@@ -262,6 +270,8 @@ pub fn remove_stale_temp_files(path: &Path) -> Vec<PathBuf> {
         let Some(pid) = file_name
             .to_str()
             .and_then(|n| n.strip_prefix(&prefix))
+            // `<pid>-<generation>`, or `<pid>` from releases before generations.
+            .and_then(|rest| rest.split('-').next())
             .and_then(|pid| pid.parse::<u32>().ok())
         else {
             continue;
@@ -285,6 +295,15 @@ fn process_alive(pid: u32) -> bool {
     // SAFETY: signal 0 sends nothing; kill only checks that the process exists.
     let rc = unsafe { libc::kill(pid, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// This process's generation: 16 random hex digits, drawn once.
+pub fn generation() -> &'static str {
+    static GENERATION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    GENERATION.get_or_init(|| {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        id[..16].to_string()
+    })
 }
 
 /// Moves a corrupt file aside (never overwritten silently) and returns where it went.

@@ -13,13 +13,21 @@ use crate::tls::{CertSource, TlsContext};
 
 impl Router {
     /// Sets the process-wide ACME settings; call once, before `restore`.
-    pub fn configure_tls(self: &Arc<Self>, acme_directory: String, acme_email: Option<String>) {
+    pub fn configure_tls(
+        self: &Arc<Self>,
+        acme_directory: String,
+        acme_email: Option<String>,
+        cache_dir: std::path::PathBuf,
+    ) {
         let weak = Arc::downgrade(self);
         let still_wanted =
             Arc::new(move |host: &str| weak.upgrade().is_some_and(|r| r.serves_acme_host(host)));
-        let _ = self
-            .tls
-            .set(TlsContext::new(acme_directory, acme_email, still_wanted));
+        let _ = self.tls.set(TlsContext::new(
+            acme_directory,
+            acme_email,
+            cache_dir,
+            still_wanted,
+        ));
     }
 
     pub fn tls(&self) -> &Arc<TlsContext> {
@@ -27,6 +35,7 @@ impl Router {
             TlsContext::new(
                 crate::tls::cache::LETS_ENCRYPT_PRODUCTION.into(),
                 None,
+                crate::config::default_acme_cache_path(),
                 Arc::new(|_: &str| true),
             )
         })

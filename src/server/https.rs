@@ -18,7 +18,7 @@ use super::certificates::{TlsResolver, offers_acme_tls, prepare};
 use super::chunk_guard::ChunkGuard;
 use super::idle::{Activity, Counted};
 use super::limits::IDLE_TIMEOUT;
-use super::{Proxy, accept_loop, handle, http1_builder, normalize};
+use super::{FirstRequest, Proxy, Shutdown, accept_loop, handle, http1_builder, normalize};
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
 
@@ -67,11 +67,14 @@ impl Https {
     }
 }
 
-pub async fn serve_https(listener: TcpListener, https: Arc<Https>, stop: CancellationToken) {
+pub async fn serve_https(listener: TcpListener, https: Arc<Https>, shutdown: Arc<Shutdown>) {
     let slots = https.proxy.slots.clone();
-    accept_loop(listener, &slots, stop, move |stream, client, draining| {
-        serve_connection(stream, client, https.clone(), draining)
-    })
+    accept_loop(
+        listener,
+        &slots,
+        shutdown,
+        move |stream, client, draining| serve_connection(stream, client, https.clone(), draining),
+    )
     .await
 }
 
@@ -141,13 +144,16 @@ async fn serve_connection(
         client: normalize(client),
         tls: true,
     };
+    let first = Arc::new(FirstRequest::default());
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let result = if h2 {
-        serve_h2(TokioIo::new(tls), https, conn, draining).await
+        serve_h2(TokioIo::new(tls), https, conn, draining, first).await
     } else {
         let io = TokioIo::new(ChunkGuard::new(tls));
         let shared = https.clone();
+        let seen = first.clone();
         let service = service_fn(move |req| {
+            seen.mark();
             let https = shared.clone();
             async move { Ok::<_, Infallible>(respond(&https, req, conn).await) }
         });
@@ -156,8 +162,14 @@ async fn serve_connection(
         tokio::select! {
             r = connection.as_mut() => r,
             _ = draining.cancelled() => {
-                connection.as_mut().graceful_shutdown();
-                connection.await
+                // A connection handed over before its first request still gets it served.
+                tokio::select! {
+                    r = connection.as_mut() => r,
+                    _ = first.wait() => {
+                        connection.as_mut().graceful_shutdown();
+                        connection.await
+                    }
+                }
             }
         }
     };
@@ -173,6 +185,7 @@ async fn serve_h2<I>(
     https: Arc<Https>,
     conn: Conn,
     draining: CancellationToken,
+    first: Arc<FirstRequest>,
 ) -> hyper::Result<()>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
@@ -180,7 +193,9 @@ where
     let activity = Arc::new(Activity::default());
     let counted = activity.clone();
     let shared = https.clone();
+    let seen = first.clone();
     let service = service_fn(move |req| {
+        seen.mark();
         let https = shared.clone();
         let stream = counted.begin();
         async move {
@@ -192,11 +207,17 @@ where
     let mut connection = std::pin::pin!(connection);
     let idle = activity.idle_for(IDLE_TIMEOUT);
     let mut idle = std::pin::pin!(idle);
+    // A connection handed over before its first request still gets it served.
+    let drained = async {
+        draining.cancelled().await;
+        first.wait().await;
+    };
+    let mut drained = std::pin::pin!(drained);
     let mut closing = false;
     loop {
         tokio::select! {
             r = connection.as_mut() => return r,
-            _ = draining.cancelled(), if !closing => {}
+            _ = drained.as_mut(), if !closing => {}
             _ = idle.as_mut(), if !closing => {
                 tracing::debug!(client = %conn.client, "Closing idle HTTP/2 connection");
             }

@@ -18,10 +18,14 @@ mod chunk_guard;
 mod framing;
 #[cfg(feature = "http3")]
 pub mod h3;
+pub mod handover;
 pub mod https;
 mod idle;
 pub mod limits;
+pub mod shutdown;
 pub mod trim;
+
+pub use shutdown::{FirstRequest, SHUTDOWN_TIMEOUT, Shutdown};
 
 use crate::observe::access::{AccessRecord, header_values, no_logged_headers};
 use crate::proxy::Forwarder;
@@ -35,8 +39,6 @@ use chunk_guard::ChunkGuard;
 use limits::{ConnectionSlots, IDLE_TIMEOUT, Limits};
 
 pub const PING_PATH: &str = "/.kamal-proxy/ping";
-/// Upstream's shutdown grace: in-flight requests get this long to finish.
-pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything the request path needs, shared by every connection.
 pub struct Proxy {
@@ -49,12 +51,18 @@ pub struct Proxy {
     pub slots: ConnectionSlots,
 }
 
-/// Binds like Go's `net.Listen("tcp", ":port")`, with Go's error wording.
-pub async fn bind(port: u16) -> Result<TcpListener, String> {
+/// Binds like Go's `net.Listen("tcp", ":port")`, with Go's error wording. `reuse_port`
+/// (`run --reuse-port`, fork F28) lets two proxy generations hold the port at once.
+pub async fn bind(port: u16, reuse_port: bool) -> Result<TcpListener, String> {
     let addr = SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 0], port));
     let socket = tokio::net::TcpSocket::new_v6().map_err(|e| format!("listen tcp :{port}: {e}"))?;
     // Accept IPv4 too (dual stack), and allow quick restarts.
     let _ = socket.set_reuseaddr(true);
+    if reuse_port {
+        socket
+            .set_reuseport(true)
+            .map_err(|e| format!("listen tcp :{port}: SO_REUSEPORT: {e}"))?;
+    }
     let bound = set_dual_stack(&socket)
         .and_then(|()| socket.bind(addr))
         .and_then(|()| socket.listen(1024));
@@ -66,8 +74,15 @@ pub async fn bind(port: u16) -> Result<TcpListener, String> {
             if e.kind() == std::io::ErrorKind::AddrInUse {
                 return Err(format!("listen tcp :{port}: bind: address already in use"));
             }
-            TcpListener::bind(v4)
-                .await
+            let socket =
+                tokio::net::TcpSocket::new_v4().map_err(|e| format!("listen tcp :{port}: {e}"))?;
+            let _ = socket.set_reuseaddr(true);
+            if reuse_port {
+                let _ = socket.set_reuseport(true);
+            }
+            socket
+                .bind(v4)
+                .and_then(|()| socket.listen(1024))
                 .map_err(|e| format!("listen tcp :{port}: bind: {}", io_text(&e)))
         }
     }
@@ -101,14 +116,19 @@ fn io_text(e: &std::io::Error) -> String {
     }
 }
 
-/// Serves plain HTTP/1.x (upstream's HTTP port speaks no h2c) until `stop` is cancelled,
-/// then lets in-flight requests finish for up to [`SHUTDOWN_TIMEOUT`].
-pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, stop: CancellationToken) {
+/// Serves plain HTTP/1.x (upstream's HTTP port speaks no h2c) until the shutdown
+/// begins, then lets in-flight requests finish within its grace period.
+pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, shutdown: Arc<Shutdown>) {
     let slots = proxy.slots.clone();
     let http1 = http1_builder(&proxy.limits);
-    accept_loop(listener, &slots, stop, move |stream, client, draining| {
-        serve_connection(stream, client, proxy.clone(), http1.clone(), draining)
-    })
+    accept_loop(
+        listener,
+        &slots,
+        shutdown,
+        move |stream, client, draining| {
+            serve_connection(stream, client, proxy.clone(), http1.clone(), draining)
+        },
+    )
     .await
 }
 
@@ -172,13 +192,14 @@ impl AcceptBackoff {
     }
 }
 
-/// Accepts connections until `stop` is cancelled and serves each with `serve`; then
-/// cancels the `draining` token every connection got and waits up to
-/// [`SHUTDOWN_TIMEOUT`] for them to close.
+/// Accepts connections until the shutdown begins and serves each with `serve`; then
+/// closes the listener (a socket handed to a newer generation stays open there, its
+/// queue included), cancels the `draining` token every connection got and waits up to
+/// the shutdown's grace period for them to close.
 pub async fn accept_loop<F, Fut>(
     listener: TcpListener,
     slots: &ConnectionSlots,
-    stop: CancellationToken,
+    shutdown: Arc<Shutdown>,
     serve: F,
 ) where
     F: Fn(TcpStream, SocketAddr, CancellationToken) -> Fut,
@@ -189,6 +210,7 @@ pub async fn accept_loop<F, Fut>(
     let draining = CancellationToken::new();
     let mut backoff = AcceptBackoff::default();
     let mut full_logged: Option<tokio::time::Instant> = None;
+    let stop = shutdown.stopping();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -237,7 +259,7 @@ pub async fn accept_loop<F, Fut>(
     drop(open_tx);
     draining.cancel();
     // recv() returns None once every connection task has dropped its sender.
-    if tokio::time::timeout(SHUTDOWN_TIMEOUT, open_rx.recv())
+    if tokio::time::timeout(shutdown.grace(), open_rx.recv())
         .await
         .is_err()
     {
@@ -259,7 +281,10 @@ async fn serve_connection(
         client: normalize(client),
         tls: false,
     };
+    let first = Arc::new(FirstRequest::default());
+    let seen = first.clone();
     let service = service_fn(move |req| {
+        seen.mark();
         let proxy = proxy.clone();
         async move { Ok::<_, Infallible>(handle(&proxy, req, conn).await) }
     });
@@ -270,8 +295,13 @@ async fn serve_connection(
     let result = tokio::select! {
         r = connection.as_mut() => r,
         _ = draining.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
+            tokio::select! {
+                r = connection.as_mut() => r,
+                _ = first.wait() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            }
         }
     };
     if let Err(e) = result {
@@ -384,16 +414,16 @@ fn ensure_request_start(req: &mut Request<Incoming>) {
     }
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0);
-    // `t=` and at most 39 digits: formatted on the stack, copied once into the header.
-    let mut buf = [0u8; 48];
-    let mut rest = &mut buf[..];
-    if std::io::Write::write_fmt(&mut rest, format_args!("t={ms}")).is_ok() {
-        let len = 48 - rest.len();
-        if let Ok(v) = HeaderValue::from_bytes(&buf[..len]) {
-            req.headers_mut().insert(&X_REQUEST_START, v);
-        }
+    // `t=` and the digits, formatted on the stack and copied once into the header.
+    let digits = crate::observe::text::Decimal::new(ms);
+    let mut buf = [0u8; 22];
+    buf[..2].copy_from_slice(b"t=");
+    let len = 2 + digits.as_bytes().len();
+    buf[2..len].copy_from_slice(digits.as_bytes());
+    if let Ok(v) = HeaderValue::from_bytes(&buf[..len]) {
+        req.headers_mut().insert(&X_REQUEST_START, v);
     }
 }
 

@@ -30,7 +30,26 @@ pub struct AcmeSettings {
     pub default_directory: String,
     /// The account contact, if any.
     pub email: Option<String>,
+    /// The certificate cache of services that name none: `certs/` in the server's data
+    /// directory (`run --data-dir`, fork F31).
+    pub cache_dir: PathBuf,
     pub http: client::AcmeHttp,
+}
+
+impl AcmeSettings {
+    /// Where a service's certificates are cached. The CLI names the default cache as
+    /// upstream's does (`$HOME/.config/kamal-proxy/certs`, so a Go proxy reading the state
+    /// file back finds it); the server's data directory (`run --data-dir`) decides where
+    /// that default really is.
+    pub fn cache_path(&self, requested: &str) -> PathBuf {
+        if requested.is_empty()
+            || std::path::Path::new(requested) == crate::config::default_acme_cache_path()
+        {
+            self.cache_dir.clone()
+        } else {
+            PathBuf::from(requested)
+        }
+    }
 }
 
 /// What a TLS service asks of certificates (its `--tls-*`, `--acme-*` and `--host` flags).
@@ -81,6 +100,7 @@ impl TlsContext {
     pub fn new(
         default_directory: String,
         email: Option<String>,
+        cache_dir: PathBuf,
         still_wanted: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     ) -> Arc<TlsContext> {
         let roots = client::root_store();
@@ -88,6 +108,7 @@ impl TlsContext {
             settings: Arc::new(AcmeSettings {
                 default_directory,
                 email,
+                cache_dir,
                 http: client::acme_http(roots.clone()),
             }),
             challenges: Arc::new(ChallengeStore::default()),
@@ -118,11 +139,7 @@ impl TlsContext {
         } else {
             req.acme_directory.to_string()
         };
-        let cache_path = if req.acme_cache_path.is_empty() {
-            crate::config::default_acme_cache_path()
-        } else {
-            PathBuf::from(req.acme_cache_path)
-        };
+        let cache_path = self.settings.cache_path(req.acme_cache_path);
         let cache = DirCache::new(&cache_path, &directory);
         let manager = self.manager(cache, directory);
         let hosts: HashSet<String> = req
@@ -174,4 +191,35 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub fn acme_name_ok(name: &str) -> bool {
     let name = name.trim_end_matches('.');
     name.contains('.') && !name.contains(['/', '\\']) && !name.starts_with('.')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_cache_is_under_the_server_s_data_dir_and_an_explicit_one_is_kept() {
+        let tls = TlsContext::new(
+            cache::LETS_ENCRYPT_PRODUCTION.into(),
+            None,
+            PathBuf::from("/srv/proxy-data/certs"),
+            Arc::new(|_: &str| true),
+        );
+        let settings = &tls.settings;
+        assert_eq!(
+            settings.cache_path(""),
+            PathBuf::from("/srv/proxy-data/certs")
+        );
+        let cli_default = crate::config::default_acme_cache_path();
+        if !cli_default.as_os_str().is_empty() {
+            assert_eq!(
+                settings.cache_path(&cli_default.display().to_string()),
+                PathBuf::from("/srv/proxy-data/certs")
+            );
+        }
+        assert_eq!(
+            settings.cache_path("/var/certs"),
+            PathBuf::from("/var/certs")
+        );
+    }
 }

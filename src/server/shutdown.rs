@@ -1,0 +1,158 @@
+//! How the listeners stop: on SIGTERM/SIGINT, or on `kamal-proxy drain` (fork F28), which
+//! names its own grace period and is answered only once the drain is over.
+
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Upstream's shutdown grace: in-flight requests get this long to finish.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Shutdown {
+    /// Cancelled when the listeners must stop accepting.
+    stop: CancellationToken,
+    grace: Mutex<Duration>,
+    /// Set once the listeners have closed, connections have finished and state is saved.
+    drained: watch::Sender<bool>,
+    /// A `drain` asked for the stop (rather than a signal).
+    requested: CancellationToken,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Shutdown {
+            stop: CancellationToken::new(),
+            grace: Mutex::new(SHUTDOWN_TIMEOUT),
+            drained: watch::channel(false).0,
+            requested: CancellationToken::new(),
+        }
+    }
+}
+
+impl Shutdown {
+    /// What the accept loops wait on.
+    pub fn stopping(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// How long connections get to finish once the listeners stop.
+    pub fn grace(&self) -> Duration {
+        *self.grace.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `drain`: the first call picks the grace (zero: the default) and starts the stop;
+    /// every call returns once the drain is over.
+    pub async fn drain(&self, grace: Duration) {
+        if !self.requested.is_cancelled() && !self.stop.is_cancelled() {
+            if !grace.is_zero() {
+                *self.grace.lock().unwrap_or_else(|e| e.into_inner()) = grace;
+            }
+            self.requested.cancel();
+        }
+        let mut drained = self.drained.subscribe();
+        let _ = drained.wait_for(|d| *d).await;
+    }
+
+    /// Resolves when a `drain` arrives.
+    pub async fn drain_requested(&self) {
+        self.requested.cancelled().await
+    }
+
+    /// Stops the listeners (the run loop calls this on a signal or a drain).
+    pub fn begin(&self) {
+        self.stop.cancel();
+    }
+
+    /// Answers every waiting `drain`.
+    pub fn finished(&self) {
+        self.drained.send_replace(true);
+    }
+}
+
+/// How long a drain waits for the first request of a connection it accepted an instant
+/// before: the client has connected and is sending it.
+const FIRST_REQUEST_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether a connection has begun its first request. A drain that finds a connection
+/// accepted but not yet read would close it unanswered (HTTP servers close idle
+/// connections at once on a graceful shutdown), failing a request the client had already
+/// sent; the drain waits for that request instead, serves it and closes after it.
+#[derive(Default)]
+pub struct FirstRequest {
+    seen: std::sync::atomic::AtomicBool,
+    arrived: tokio::sync::Notify,
+}
+
+impl FirstRequest {
+    /// Called for every request; cheap after the first.
+    pub fn mark(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.seen.load(Ordering::Relaxed) {
+            self.seen.store(true, Ordering::Release);
+            self.arrived.notify_waiters();
+        }
+    }
+
+    /// Returns once the first request has arrived, or after [`FIRST_REQUEST_WAIT`].
+    pub async fn wait(&self) {
+        use std::sync::atomic::Ordering;
+        let arrived = self.arrived.notified();
+        if self.seen.load(Ordering::Acquire) {
+            return;
+        }
+        let _ = tokio::time::timeout(FIRST_REQUEST_WAIT, arrived).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_drain_picks_the_grace_and_every_drain_answers_after_the_end() {
+        let shutdown = Arc::new(Shutdown::default());
+        assert_eq!(shutdown.grace(), SHUTDOWN_TIMEOUT);
+        let first = tokio::spawn({
+            let s = shutdown.clone();
+            async move { s.drain(Duration::from_secs(30)).await }
+        });
+        shutdown.drain_requested().await;
+        let second = tokio::spawn({
+            let s = shutdown.clone();
+            async move { s.drain(Duration::from_secs(1)).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(shutdown.grace(), Duration::from_secs(30));
+        assert!(!first.is_finished() && !second.is_finished());
+        shutdown.begin();
+        assert!(shutdown.stopping().is_cancelled());
+        shutdown.finished();
+        first.await.unwrap();
+        second.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_drain_timeout_keeps_the_shutdown_timeout() {
+        let shutdown = Arc::new(Shutdown::default());
+        let s = shutdown.clone();
+        let drain = tokio::spawn(async move { s.drain(Duration::ZERO).await });
+        shutdown.drain_requested().await;
+        assert_eq!(shutdown.grace(), SHUTDOWN_TIMEOUT);
+        shutdown.finished();
+        drain.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_waits_for_a_first_request_at_most_a_second() {
+        let first = FirstRequest::default();
+        let started = tokio::time::Instant::now();
+        first.wait().await;
+        assert_eq!(started.elapsed(), FIRST_REQUEST_WAIT);
+        first.mark();
+        let started = tokio::time::Instant::now();
+        first.wait().await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+}
