@@ -22,7 +22,10 @@ impl Router {
             service.set_sleep_controller(None);
             return;
         };
-        let containers = if options.sleep_containers.is_empty() {
+        // With a selector the containers are looked up at each transition.
+        let containers = if !options.sleep_labels.is_empty() {
+            Vec::new()
+        } else if options.sleep_containers.is_empty() {
             let mut refs: Vec<String> = Vec::new();
             for t in service.active().writer_addresses() {
                 if let Ok(r) = container_ref(&t) {
@@ -37,8 +40,10 @@ impl Router {
         };
         let config = SleepConfig {
             sleep_after: options.sleep_after.to_std(),
+            freeze_after: options.freeze_after.to_std(),
             wake_timeout: options.wake_timeout.to_std(),
             containers,
+            selector: options.sleep_labels.clone(),
         };
         match service.sleep_controller() {
             Some(c) => c.reconfigure(config),
