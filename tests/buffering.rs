@@ -7,6 +7,7 @@ use std::time::Duration;
 use testkit::backend::{Backend, fnv1a};
 use testkit::raw;
 use testkit::{Proxy, client, poll_until};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -40,6 +41,14 @@ fn channel_body() -> (mpsc::Sender<Vec<u8>>, reqwest::Body) {
 
 /// Files the process holds open below `dir` (spill files are unlinked at once, so they
 /// show only here, as `<dir>/… (deleted)`).
+/// One HTTP/1.1 chunk carrying `data`.
+fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut out = format!("{:X}\r\n", data.len()).into_bytes();
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
 fn open_files_below(pid: u32, dir: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return Vec::new();
@@ -150,20 +159,24 @@ async fn buffered_response_waits_for_the_whole_body_and_gets_a_length() {
 async fn buffered_request_reaches_the_app_only_when_complete_with_a_length() {
     let (backend, proxy) = serve(&["--buffer-requests"]).await;
     let data = pattern(300_000);
-    let (tx, body) = channel_body();
-    let send = tokio::spawn(client().post(proxy.url("/echo")).body(body).send());
-    tx.send(data[..100_000].to_vec()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Chunked, so only a proxy that read the whole body can give the app a length.
+    let mut conn = raw::connect(proxy.http_port).await;
+    let head = "POST /echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n";
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&chunk(&data[..100_000])).await.unwrap();
+    // The proxy has read the first part (a streaming proxy would have sent the head on
+    // to the app by then).
+    raw::wait_until_read_by_peer(&conn).await;
     assert_eq!(
         backend.hits(),
         0,
         "the app saw the request before its body was complete"
     );
-    tx.send(data[100_000..].to_vec()).await.unwrap();
-    drop(tx);
-    let resp = send.await.unwrap().unwrap();
-    assert_eq!(resp.status(), 200);
-    let echo: serde_json::Value = resp.json().await.unwrap();
+    conn.write_all(&chunk(&data[100_000..])).await.unwrap();
+    conn.write_all(b"0\r\n\r\n").await.unwrap();
+    let resp = raw::read_response(&mut tokio::io::BufReader::new(conn), false).await;
+    assert_eq!(resp.status, 200);
+    let echo = resp.json();
     assert_eq!(echo["body_len"], data.len());
     assert_eq!(echo["body_fnv"], fnv_hex(&data).as_str());
     assert_eq!(
@@ -241,14 +254,18 @@ async fn request_body_within_buffer_memory_stays_in_memory() {
     let pid = proxy.pid().unwrap();
 
     let data = pattern(2 * 1024 * 1024);
-    let (tx, body) = channel_body();
-    let send = tokio::spawn(client().post(proxy.url("/echo")).body(body).send());
-    tx.send(data[..1024 * 1024].to_vec()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut conn = raw::connect(proxy.http_port).await;
+    let head = "POST /echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n";
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&chunk(&data[..1024 * 1024])).await.unwrap();
+    // The proxy holds the first MiB (it has read it), and no spill file is open.
+    raw::wait_until_read_by_peer(&conn).await;
     assert_eq!(open_files_below(pid, &spill_dir), Vec::<String>::new());
-    tx.send(data[1024 * 1024..].to_vec()).await.unwrap();
-    drop(tx);
-    let echo: serde_json::Value = send.await.unwrap().unwrap().json().await.unwrap();
+    conn.write_all(&chunk(&data[1024 * 1024..])).await.unwrap();
+    conn.write_all(b"0\r\n\r\n").await.unwrap();
+    let echo = raw::read_response(&mut tokio::io::BufReader::new(conn), false)
+        .await
+        .json();
     assert_eq!(echo["body_len"], data.len());
     assert_eq!(echo["body_fnv"], fnv_hex(&data).as_str());
 }

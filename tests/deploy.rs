@@ -491,9 +491,29 @@ async fn deploy_waits_for_every_target_and_balances_across_them() {
         stderr,
         "Error: target failed to become healthy within configured timeout (500ms)\n"
     );
-    // The rejected targets are no longer probed.
+    // The rejected targets are no longer probed. The proxy's own prober is the clock: a
+    // service of two other backends (a pool keeps being probed) deployed with the same
+    // interval gets five probes of one, in which time the rejected target gets at most
+    // the one that may have been in flight.
     let probes = two.health_hits();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (clock, clock2) = (
+        Backend::start("clock").await,
+        Backend::start("clock2").await,
+    );
+    let clock_targets = format!("{},{}", clock.target(), clock2.target());
+    let args = deploy_args(
+        "clock",
+        &clock_targets,
+        &["--host=clock.test", FAST_HEALTH[0]],
+    );
+    proxy.ok(&strs(&args)).await;
+    let from = clock.health_hits();
+    poll_until(
+        "five probes of the clock backend",
+        Duration::from_secs(10),
+        || async { (clock.health_hits() >= from + 5).then_some(()) },
+    )
+    .await;
     assert!(
         two.health_hits() <= probes + 1,
         "probing continued after the failed deploy"

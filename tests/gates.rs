@@ -719,7 +719,7 @@ async fn method_matters_for_ping_only_on_its_exact_path() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_server_revalidates_what_a_direct_client_sends() {
     use kamal_proxy::control::{DeployArgs, Request, Response, client::call};
-    use kamal_proxy::service::options::{DeploymentOptions, ServiceOptions, TargetOptions};
+    use kamal_proxy::options::{DeploymentOptions, ServiceOptions, TargetOptions};
     let b = Backend::start("app").await;
     let p = Proxy::start().await;
     let deploy = |o: ServiceOptions, t: TargetOptions| {

@@ -219,8 +219,24 @@ async fn an_open_websocket_keeps_the_service_awake() {
             .as_str(),
         "first"
     );
-    // Three times --sleep-after with the socket open and silent.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The proxy's own idle timer as the clock: a second service with the same
+    // --sleep-after, deployed after the socket went silent, falls asleep; the one whose
+    // socket has been open (and silent) longer must not have.
+    let other = app("s2z-ws-clock");
+    let container = format!("--sleep-container={}", other.name);
+    p.deploy(
+        "clock",
+        &format!("127.0.0.1:{}", other.port),
+        &[
+            "--sleep-after=1s",
+            container.as_str(),
+            "--health-check-interval=200ms",
+            "--host=clock.test",
+        ],
+    )
+    .await;
+    p.wait_for_state("clock", "sleeping", Duration::from_secs(20))
+        .await;
     assert_eq!(p.state_of("app").await, "running");
     assert!(docker::is_running(&c.name));
     ws.send(Message::text("still here")).await.unwrap();

@@ -7,7 +7,7 @@ use super::values::{duration, float64, go_bool, int64, non_empty, port};
 use crate::balancer::target::validate_target;
 use crate::control::{DeployArgs, Request};
 use crate::gotime::GoDuration;
-use crate::service::options::*;
+use crate::options::*;
 
 const STAGING_DIRECTORY: &str = "https://acme-staging-v02.api.letsencrypt.org/directory";
 

@@ -8,9 +8,9 @@ use http::HeaderMap;
 use std::sync::Arc;
 
 use crate::balancer::TargetGuard;
+use crate::inflight::InFlight;
 use crate::observe::access::{self, AccessRecord, STATUS_CLIENT_CLOSED_REQUEST};
 use crate::observe::metrics::{self, ServiceMetrics};
-use crate::service::sleep::InFlight;
 
 pub struct Exchange {
     record: Box<AccessRecord>,

@@ -20,7 +20,7 @@ use super::pages::ErrorPages;
 use super::rejection::{Refused, Rejection};
 use super::retry::{self, TrackingConnector};
 use crate::balancer::Target;
-use crate::service::options::TargetOptions;
+use crate::options::TargetOptions;
 
 type UpstreamClient = Client<TrackingConnector, RequestBody>;
 type FreshClient = Client<HttpConnector, RequestBody>;

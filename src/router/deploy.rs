@@ -13,7 +13,7 @@ use super::state::ServiceState;
 use crate::balancer::target::{container_ref, validate_target};
 use crate::balancer::{LoadBalancer, ProbeMode};
 use crate::lifecycle::LifecycleError;
-use crate::service::options::{DeploymentOptions, ServiceOptions, TargetOptions};
+use crate::options::{DeploymentOptions, ServiceOptions, TargetOptions};
 use crate::service::pause::PauseController;
 use crate::service::sleep::{IdleState, labels};
 use crate::service::{Service, ServiceConfig};
@@ -304,7 +304,7 @@ impl Router {
 
 /// The checks that need nothing but the request itself.
 fn check_request(args: &DeployArgs) -> Result<(), String> {
-    crate::service::options::validate_service_name(&args.service)?;
+    crate::options::validate_service_name(&args.service)?;
     for target in args.targets.iter().chain(&args.readers) {
         validate_target(target)?;
     }

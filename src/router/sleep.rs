@@ -6,8 +6,8 @@ use tokio::sync::Notify;
 
 use super::Router;
 use crate::balancer::target::container_ref;
+use crate::options::ServiceOptions;
 use crate::service::Service;
-use crate::service::options::ServiceOptions;
 use crate::service::sleep::{IdleController, IdleState, SleepConfig, SleepHooks};
 
 impl Router {

@@ -20,7 +20,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::balancer::LoadBalancer;
-use crate::service::options::{ServiceOptions, TargetOptions};
+use crate::options::{ServiceOptions, TargetOptions};
 use crate::service::pause::PauseSnapshot;
 
 /// The highest `{"version": N, …}` wrapper an earlier release of ours wrote; files are

@@ -8,20 +8,22 @@ use hyper::body::Incoming;
 use std::sync::Arc;
 
 pub mod gates;
-pub mod options;
+// The options moved to the top-level `options` module (a leaf every layer reads); this
+// path stays for code written against the old one.
+pub use crate::options;
 pub mod pause;
 pub mod sleep;
 
 use crate::balancer::LoadBalancer;
 use crate::observe::access::{header_values, log_key};
 use crate::observe::metrics::ServiceMetrics;
+use crate::options::{ServiceOptions, TargetOptions};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::exchange::Exchange;
 use crate::proxy::pages::ErrorPages;
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::proxy::{Forwarder, UpstreamRequest, headers};
 use gates::Gates;
-use options::{ServiceOptions, TargetOptions};
 use pause::{PauseController, PauseOutcome};
 use sleep::{HealthAnswer, IdleController};
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 
-use super::options::DEFAULT_PAUSE_TIMEOUT;
+use crate::options::DEFAULT_PAUSE_TIMEOUT;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PauseState {

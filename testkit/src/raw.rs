@@ -49,6 +49,67 @@ pub async fn connect(port: u16) -> TcpStream {
         .expect("connect to proxy")
 }
 
+/// Waits until the peer (the proxy) has read every byte written on `stream` so far: the
+/// kernel's send queue on our side and its receive queue on the proxy's side are both
+/// empty (`/proc/net/tcp`). A positive signal that the proxy took the bytes in, where a
+/// sleep would only guess.
+pub async fn wait_until_read_by_peer(stream: &TcpStream) {
+    let ours = stream.local_addr().expect("local address");
+    let theirs = stream.peer_addr().expect("peer address");
+    crate::poll::poll_until(
+        "the proxy to read every byte sent",
+        DEADLINE,
+        || async move {
+            // The proxy may listen dual-stack: its side is then an IPv4-mapped tcp6 socket.
+            let mut table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+            table += &std::fs::read_to_string("/proc/net/tcp6").unwrap_or_default();
+            let send_q = queue(&table, ours, theirs).map(|(tx, _)| tx);
+            let recv_q = queue(&table, theirs, ours).map(|(_, rx)| rx);
+            (send_q == Some(0) && recv_q == Some(0))
+                .then_some(())
+                .ok_or((send_q, recv_q))
+        },
+    )
+    .await
+}
+
+/// `(tx_queue, rx_queue)` of the IPv4 socket `local` → `remote` in `/proc/net/tcp{,6}`
+/// lines, where it may appear as itself or IPv4-mapped.
+fn queue(
+    table: &str,
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+) -> Option<(u64, u64)> {
+    use std::net::SocketAddr;
+    // The kernel prints each 32-bit word of an address in host (little-endian) order.
+    let v4 = |a: SocketAddr| match a {
+        SocketAddr::V4(v4) => (u32::from_le_bytes(v4.ip().octets()), v4.port()),
+        SocketAddr::V6(_) => panic!("IPv4 loopback only"),
+    };
+    let forms = |a: SocketAddr| {
+        let (ip, port) = v4(a);
+        [
+            format!("{ip:08X}:{port:04X}"),
+            format!("0000000000000000FFFF0000{ip:08X}:{port:04X}"),
+        ]
+    };
+    let (local, remote) = (forms(local), forms(remote));
+    table.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let matches = |field: Option<&&str>, forms: &[String; 2]| {
+            field.is_some_and(|v| forms.iter().any(|form| form == v))
+        };
+        if !matches(f.get(1), &local) || !matches(f.get(2), &remote) {
+            return None;
+        }
+        let (tx, rx) = f.get(4)?.split_once(':')?;
+        Some((
+            u64::from_str_radix(tx, 16).ok()?,
+            u64::from_str_radix(rx, 16).ok()?,
+        ))
+    })
+}
+
 /// Sends `request` verbatim on a fresh connection and reads one response.
 pub async fn send(port: u16, request: &[u8]) -> RawResponse {
     let mut stream = connect(port).await;

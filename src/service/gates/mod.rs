@@ -24,9 +24,9 @@ pub mod redirect;
 pub mod rewrite;
 pub mod rules;
 
+use crate::options::{ServiceOptions, TargetOptions};
 use crate::proxy::rejection::Rejection;
 use crate::service::Conn;
-use crate::service::options::{ServiceOptions, TargetOptions};
 use allow_list::AllowList;
 use basic_auth::{BasicAuth, Credential};
 use client_ip::{ClientResolver, IpList};

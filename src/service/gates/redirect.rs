@@ -5,7 +5,7 @@ use http::{Request, StatusCode};
 
 use super::rules::{RuleSet, encode_path, is_full_url, split_query};
 use crate::observe::access::decoded_path;
-use crate::service::options::ServiceOptions;
+use crate::options::ServiceOptions;
 use crate::service::{host_without_port, request_host};
 
 /// Where to send the client, if anywhere: (status, `Location`).

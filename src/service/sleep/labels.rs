@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::balancer::target::container_ref;
 use crate::gotime;
 use crate::lifecycle::{ContainerLifecycle, LifecycleError};
-use crate::service::options::ServiceOptions;
+use crate::options::ServiceOptions;
 
 pub const LABEL_PREFIX: &str = "kamal-proxy.";
 

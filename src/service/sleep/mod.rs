@@ -54,6 +54,8 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::inflight::Activity;
+pub use crate::inflight::InFlight;
 use crate::lifecycle::ContainerLifecycle;
 use crate::observe::metrics::SleepMetrics;
 
@@ -266,14 +268,6 @@ pub struct IdleController {
     shared: Arc<Shared>,
 }
 
-/// An admitted request. Hold it until the request is really over: for a proxied request
-/// that is the end of the response body, for an upgraded connection (WebSocket) the end of
-/// the connection. Dropping it ends the request for idle accounting.
-#[must_use = "the request counts as in flight only while this guard is held"]
-pub struct InFlight {
-    shared: Arc<Shared>,
-}
-
 impl IdleController {
     /// Builds the controller and spawns its idle timer (call inside a tokio runtime).
     ///
@@ -474,24 +468,15 @@ impl fmt::Debug for IdleController {
     }
 }
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let shared = &self.shared;
+impl Activity for Shared {
+    fn request_ended(&self) {
         // Stamp before the count drops: the timer's compare-and-swap that sees the count at
         // zero then also sees this request's end, so the idle period restarts from it.
-        shared.touch();
-        let before = shared.gate.fetch_sub(1, Ordering::AcqRel);
+        self.touch();
+        let before = self.gate.fetch_sub(1, Ordering::AcqRel);
         if before & COUNT == 1 {
-            shared.nudge.notify_one();
+            self.nudge.notify_one();
         }
-    }
-}
-
-impl fmt::Debug for InFlight {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InFlight")
-            .field("service", &self.shared.service)
-            .finish_non_exhaustive()
     }
 }
 

@@ -82,9 +82,7 @@ impl Shared {
                 Ok(_) => {
                     // No stamp here: while this guard lives nothing sleeps, and its drop
                     // stamps the end, which is later than any arrival stamp would be.
-                    return Some(InFlight {
-                        shared: Arc::clone(self),
-                    });
+                    return Some(InFlight::new(Arc::clone(self) as Arc<dyn Activity>));
                 }
                 Err(actual) => current = actual,
             }
