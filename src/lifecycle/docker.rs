@@ -214,10 +214,11 @@ impl DockerLifecycle {
     }
 }
 
-/// Docker's answer to a start of a frozen container, a thaw of one that is not frozen,
-/// and a freeze of one that is frozen already or not running.
-fn is_conflict(result: &Result<(), LifecycleError>) -> bool {
-    matches!(result, Err(LifecycleError::Daemon { status: 409, .. }))
+/// Docker refuses to start a frozen container, to thaw one that is not frozen and to
+/// freeze one that is frozen already or not running, with a 409 or (20.10, for some) a
+/// 500: the refusal is told apart by asking for the container's state, not by its code.
+fn is_refusal(result: &Result<(), LifecycleError>) -> bool {
+    matches!(result, Err(LifecycleError::Daemon { .. }))
 }
 
 impl DockerLifecycle {
@@ -242,10 +243,10 @@ impl DockerLifecycle {
 impl ContainerLifecycle for DockerLifecycle {
     fn start<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
         Box::pin(async move {
-            // Docker refuses (409) to start a frozen container: thaw it instead, so a
-            // wake after a restart or a redeploy mid-freeze still brings it back.
+            // Docker refuses to start a frozen container: thaw it instead, so a wake after
+            // a restart or a redeploy mid-freeze still brings it back.
             let started = self.start_only(container).await;
-            if is_conflict(&started) {
+            if is_refusal(&started) && self.inspect(container).await.is_ok_and(|i| i.paused) {
                 return self.unpause_only(container).await;
             }
             started
@@ -260,8 +261,14 @@ impl ContainerLifecycle for DockerLifecycle {
                     docker.pause_container(&reference).await
                 })
                 .await;
-            // 409: frozen already, or not running; either way it uses no CPU.
-            if is_conflict(&frozen) {
+            // Refused because it is frozen already or not running: either way it uses
+            // no CPU, which is what a freeze is for.
+            if is_refusal(&frozen)
+                && self
+                    .inspect(container)
+                    .await
+                    .is_ok_and(|i| i.paused || !i.running)
+            {
                 return Ok(());
             }
             frozen
@@ -270,11 +277,16 @@ impl ContainerLifecycle for DockerLifecycle {
 
     fn thaw<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
         Box::pin(async move {
-            // 409: not frozen. A frozen service's container may have been stopped since
-            // (a daemon or host restart stops frozen containers): start it.
+            // Refused because it is not frozen: a frozen service's container may have been
+            // stopped since (a daemon or host restart stops frozen containers), so start
+            // it; or thawed by hand, so there is nothing to do.
             let thawed = self.unpause_only(container).await;
-            if is_conflict(&thawed) {
-                return self.start_only(container).await;
+            if is_refusal(&thawed) {
+                match self.inspect(container).await {
+                    Ok(i) if !i.running => return self.start_only(container).await,
+                    Ok(i) if !i.paused => return Ok(()),
+                    _ => {}
+                }
             }
             thawed
         })
@@ -338,7 +350,12 @@ impl ContainerLifecycle for DockerLifecycle {
                     .and_then(|c| c.labels)
                     .map(|l| l.into_iter().collect())
                     .unwrap_or_default();
-                Ok(ContainerInfo { labels })
+                let state = inspected.state.unwrap_or_default();
+                Ok(ContainerInfo {
+                    labels,
+                    running: state.running.unwrap_or(false),
+                    paused: state.paused.unwrap_or(false),
+                })
             })
             .await
         })

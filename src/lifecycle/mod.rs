@@ -56,6 +56,10 @@ pub struct ListedContainer {
 pub struct ContainerInfo {
     /// The container's labels (Kamal's `labels:`, e.g. `kamal-proxy.sleep-after`).
     pub labels: BTreeMap<String, String>,
+    /// Running (frozen counts as running, as Docker reports it).
+    pub running: bool,
+    /// Frozen.
+    pub paused: bool,
 }
 
 /// Errors carry operator detail (references, daemon output). They are logged and may be

@@ -190,6 +190,7 @@ mod tests {
                         .iter()
                         .map(|(k, v)| (k.to_string(), v.to_string()))
                         .collect(),
+                    ..ContainerInfo::default()
                 })
             })
         }
