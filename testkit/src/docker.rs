@@ -481,10 +481,20 @@ pub fn run_app_container_with(
     boot_delay: Duration,
     docker_options: &[&str],
 ) -> TestContainer {
+    run_app_container_on(name_prefix, free_port(), boot_delay, docker_options)
+}
+
+/// [`run_app_container_with`] on a given port: a container recreated in place of another
+/// (as `kamal app boot` does), reachable at the same target.
+pub fn run_app_container_on(
+    name_prefix: &str,
+    port: u16,
+    boot_delay: Duration,
+    docker_options: &[&str],
+) -> TestContainer {
     let binary = test_backend_binary();
     let dir = binary.parent().expect("examples dir").display().to_string();
     let image = ensure_test_image();
-    let port = free_port();
     let container = TestContainer {
         name: format!("{name_prefix}-{}", unique_suffix()),
         port,
