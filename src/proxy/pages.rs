@@ -296,6 +296,22 @@ mod tests {
     }
 
     #[test]
+    fn the_wake_page_names_the_service_escaped_and_wake_html_replaces_it() {
+        let b = wake_page_body("app<web>", None, 2);
+        assert!(b.contains("Starting app&lt;web&gt;…"), "{b}");
+        assert!(
+            b.contains("<meta http-equiv=\"refresh\" content=\"2\">"),
+            "{b}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("wake.html"), "Wait for {{ .Message }}").unwrap();
+        let pages = ErrorPages::load(dir.path()).unwrap();
+        assert_eq!(wake_page_body("app", Some(&pages), 2), "Wait for app");
+        // wake.html is not a status page.
+        assert!(page_body(StatusCode::SERVICE_UNAVAILABLE, Some(&pages), None).contains("503"));
+    }
+
+    #[test]
     fn load_requires_html_files() {
         let dir = tempfile::tempdir().unwrap();
         assert!(ErrorPages::load(dir.path()).is_err());

@@ -307,6 +307,15 @@ mod tests {
         assert_eq!(r.status(), 308);
         assert_eq!(r.headers()[header::LOCATION], "https://a.test/x");
 
+        let r = Rejection::WakePage {
+            service: Arc::from("app-web"),
+        }
+        .render(None, &get);
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(r.headers()[header::REFRESH], "2");
+        assert_eq!(r.headers()[header::CACHE_CONTROL], "no-store");
+
         assert_eq!(Rejection::TargetTimeout.status(), 504);
         assert_eq!(Rejection::DeadlineExceeded.status(), 504);
         assert_eq!(

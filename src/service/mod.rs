@@ -480,6 +480,36 @@ mod tests {
     }
 
     #[test]
+    fn only_browser_navigations_get_the_wake_page() {
+        let req = |method: Method, headers: &[(&str, &str)]| {
+            let mut b = Request::builder().method(method).uri("/");
+            for (k, v) in headers {
+                b = b.header(*k, *v);
+            }
+            b.body(()).unwrap()
+        };
+        let browser = "text/html,application/xhtml+xml,*/*;q=0.8";
+        assert!(wants_wake_page(&req(Method::GET, &[("accept", browser)])));
+        assert!(wants_wake_page(&req(
+            Method::GET,
+            &[("sec-fetch-mode", "navigate")]
+        )));
+        // API calls, fetches, form posts and HEAD are held as always.
+        assert!(!wants_wake_page(&req(Method::GET, &[])));
+        assert!(!wants_wake_page(&req(
+            Method::GET,
+            &[("accept", "application/json")]
+        )));
+        assert!(!wants_wake_page(&req(Method::GET, &[("accept", "*/*")])));
+        assert!(!wants_wake_page(&req(
+            Method::GET,
+            &[("sec-fetch-mode", "cors"), ("accept", "application/json")]
+        )));
+        assert!(!wants_wake_page(&req(Method::POST, &[("accept", browser)])));
+        assert!(!wants_wake_page(&req(Method::HEAD, &[("accept", browser)])));
+    }
+
+    #[test]
     fn hosts_lose_ports() {
         assert_eq!(host_without_port("a.com:8080"), "a.com");
         assert_eq!(host_without_port("a.com"), "a.com");
