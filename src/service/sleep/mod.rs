@@ -6,17 +6,13 @@
 //! service can serve again. Either tier may be used alone.
 //!
 //! ```text
-//! Active ──idle ≥ freeze_after──▶ Freezing ──all frozen (persist)──▶ Frozen ──idle ≥ sleep_after──┐
-//!  │ ▲ ▲                                                              │                         │
-//!  │ │ └──a freeze or stop failed: bring them back, targets ready─────┼─────────────┐           │
-//!  │ │                                                      a request │             │           ▼
-//!  │ └──thawed or started and ready (persist), or (2)──── Waking ◀────┘         Stopping ◀──────┘
-//!  │                                                      ▲    │(1)               │ ▲
-//!  └──idle ≥ sleep_after (no freeze tier)─────────────────┼────┼──────────────────┘ │
-//!                                                 a request    ▼                    │
-//!                                               Sleeping ◀──all stopped (persist)───┘
-//!
-//!  (1) failed: stop what the wake started, back off     (2) failed, and that stop failed too
+//! Active   ──idle ≥ freeze_after──▶ Freezing ──all frozen (persist)──▶ Frozen
+//! Active   ──idle ≥ sleep_after (no freeze tier)──▶ Stopping
+//! Frozen   ──idle ≥ sleep_after in all──▶ Stopping ──all stopped (persist)──▶ Sleeping
+//! Frozen   ──a request──▶ Waking (thaw)      Sleeping ──a request──▶ Waking (start)
+//! Waking   ──ready (persist)──▶ Active
+//! Waking   ──failed: stop what may run, back off──▶ Sleeping (that stop failed too: Active)
+//! Freezing, Stopping ──failed: bring them back, targets ready──▶ Active
 //! ```
 //!
 //! The containers are either a fixed list (`--sleep-container`, or the targets' ids) or
@@ -535,6 +531,7 @@ impl Inner {
 }
 
 pub mod labels;
+mod selection;
 mod transitions;
 use transitions::whole_seconds;
 

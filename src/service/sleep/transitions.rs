@@ -2,13 +2,13 @@
 //! the recoveries after a failed stop or wake. The state they share is defined in the
 //! parent module; everything here runs on the controller's own tasks or under its lock.
 
-use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::{Instant, sleep_until, timeout_at};
 
+use super::selection::{Plan, WakeFailure};
 use super::*;
 use crate::lifecycle::LifecycleError;
 
@@ -17,44 +17,6 @@ use crate::lifecycle::LifecycleError;
 pub(super) struct StopReport {
     stopped: Vec<String>,
     failed: Vec<(String, LifecycleError)>,
-}
-
-/// Why a wake failed; logged, never shown to a client.
-#[derive(Debug)]
-pub(super) enum WakeFailure {
-    Start {
-        container: String,
-        error: LifecycleError,
-    },
-    OutOfTime,
-    NotReady,
-    /// A selector matched no container (or none that could be listed).
-    NoContainer {
-        selector: String,
-        error: Option<LifecycleError>,
-    },
-}
-
-impl fmt::Display for WakeFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WakeFailure::Start { container, error } => {
-                write!(f, "starting container {container}: {error}")
-            }
-            WakeFailure::OutOfTime => f.write_str("timed out waking containers"),
-            WakeFailure::NotReady => {
-                f.write_str("no target became healthy before the wake deadline")
-            }
-            WakeFailure::NoContainer {
-                selector,
-                error: None,
-            } => write!(f, "no container has the labels {selector}"),
-            WakeFailure::NoContainer {
-                selector,
-                error: Some(error),
-            } => write!(f, "listing the containers labelled {selector}: {error}"),
-        }
-    }
 }
 
 impl Shared {
@@ -390,25 +352,6 @@ impl Shared {
         }
     }
 
-    /// The containers a freeze or stop acts on: the fixed list, or the running (or frozen)
-    /// containers the selector matches now.
-    async fn live_containers(&self, plan: &Plan) -> Result<Vec<String>, LifecycleError> {
-        if plan.selector.is_empty() {
-            return Ok(plan.containers.clone());
-        }
-        let listed = timeout_at(
-            Instant::now() + STOP_BUDGET,
-            self.lifecycle.list(&plan.selector),
-        )
-        .await
-        .unwrap_or_else(|_| Err(LifecycleError::Timeout(plan.selector.join(","))))?;
-        Ok(listed
-            .into_iter()
-            .filter(|c| c.live)
-            .map(|c| c.id)
-            .collect())
-    }
-
     /// Freezes each container under one shared budget, attempting every one.
     pub(super) async fn freeze_each(&self, containers: &[String]) -> StopReport {
         let deadline = Instant::now() + STOP_BUDGET;
@@ -589,41 +532,7 @@ impl Shared {
             }
         }
         if !plan.selector.is_empty() && gone {
-            let selector = plan.selector.join(",");
-            let listed = timeout_at(deadline, self.lifecycle.list(&plan.selector))
-                .await
-                .unwrap_or_else(|_| Err(LifecycleError::Timeout(selector.clone())))
-                .map_err(|error| WakeFailure::NoContainer {
-                    selector: selector.clone(),
-                    error: Some(error),
-                })?;
-            let newest = listed
-                .into_iter()
-                .filter(|c| !maybe_running.contains(&c.id))
-                .max_by_key(|c| c.created);
-            match newest {
-                Some(c) => {
-                    tracing::info!(service = %self.service, container = %c.id, "Waking the newest container the labels match");
-                    maybe_running.push(c.id.clone());
-                    match timeout_at(deadline, self.lifecycle.start(&c.id)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(error)) => {
-                            return Err(WakeFailure::Start {
-                                container: c.id,
-                                error,
-                            });
-                        }
-                        Err(_) => return Err(WakeFailure::OutOfTime),
-                    }
-                }
-                None if maybe_running.is_empty() => {
-                    return Err(WakeFailure::NoContainer {
-                        selector,
-                        error: None,
-                    });
-                }
-                None => {}
-            }
+            self.wake_stand_in(plan, deadline, maybe_running).await?;
         }
         match timeout_at(deadline, self.hooks.resume_until_ready(deadline)).await {
             Ok(Ok(())) => Ok(()),
@@ -664,46 +573,6 @@ impl Shared {
             "Failed to restore targets after a failed wake",
         )
         .await;
-    }
-}
-
-/// What a freeze, stop or wake acts on, copied from the controller's state when the
-/// operation begins.
-pub(super) struct Plan {
-    containers: Vec<String>,
-    selector: Vec<String>,
-    remembered: Vec<String>,
-}
-
-impl Plan {
-    pub(super) fn of(inner: &Inner) -> Plan {
-        Plan {
-            containers: inner.config.containers.clone(),
-            selector: inner.config.selector.clone(),
-            remembered: inner.remembered.clone(),
-        }
-    }
-
-    /// What a wake brings back first: the fixed list, or the remembered ids.
-    fn wake_targets(&self) -> Vec<String> {
-        if self.selector.is_empty() {
-            self.containers.clone()
-        } else {
-            self.remembered.clone()
-        }
-    }
-
-    /// For the log: the fixed list, or the labels and the remembered ids.
-    fn describe(&self) -> String {
-        if self.selector.is_empty() {
-            self.containers.join(",")
-        } else {
-            format!(
-                "{} ({})",
-                self.remembered.join(","),
-                self.selector.join(",")
-            )
-        }
     }
 }
 
