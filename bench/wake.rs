@@ -350,10 +350,11 @@ async fn main() {
     }
 
     // Hot-path cost of idle tracking: one proxy, two services on the same backend.
-    let tracking = if std::process::Command::new("wrk")
-        .arg("--version")
-        .output()
-        .is_ok()
+    let tracking = if std::env::var_os("TRACKING_SKIP").is_none()
+        && std::process::Command::new("wrk")
+            .arg("--version")
+            .output()
+            .is_ok()
     {
         let c = docker::run_app_container("wake-bench-track", Duration::ZERO);
         docker::wait_until_ready(&c).expect("app ready");
@@ -406,7 +407,7 @@ async fn main() {
         serde_json::json!({"disabled_rps": pm, "enabled_rps": tm, "ratio": tm / pm,
             "disabled_cpu_us_per_req": pc, "enabled_cpu_us_per_req": tc, "cpu_ratio": tc / pc})
     } else {
-        println!("\nidle tracking: skipped (wrk not installed)");
+        println!("\nidle tracking: skipped (TRACKING_SKIP set, or wrk not installed)");
         serde_json::Value::Null
     };
 
