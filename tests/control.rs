@@ -138,3 +138,65 @@ async fn the_open_files_soft_limit_is_raised_to_the_hard_limit() {
     let fields: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(fields[3], fields[4], "{line}");
 }
+
+/// Upstream's service-option rules (upstream §2.3), checked by the server itself for a
+/// request that never went through the CLI, with upstream's wording, and nothing deployed.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_server_refuses_upstream_s_invalid_option_combinations_over_the_raw_socket() {
+    use serde_json::json;
+    let app = testkit::backend::Backend::start("app").await;
+    let p = Proxy::start().await;
+    let deploy = |options: serde_json::Value| {
+        json!({
+            "command": "deploy", "service": "app", "targets": [app.target()],
+            "deployment": {"deploy_timeout": 5_000_000_000i64}, "service_options": options,
+            "target_options": {}
+        })
+    };
+    let cases = [
+        (
+            json!({"tls_on_demand_url": "/allow"}),
+            "TLS must be enabled to use a TLS on-demand URL",
+        ),
+        (
+            json!({"tls_enabled": true, "tls_on_demand_url": "/allow", "hosts": ["a.test"]}),
+            "cannot set hosts when using a TLS on-demand URL",
+        ),
+        (
+            json!({"tls_enabled": true, "tls_on_demand_url": "/allow",
+                   "tls_certificate_path": "/c.pem", "tls_private_key_path": "/k.pem"}),
+            "cannot use a custom TLS certificate with a TLS on-demand URL",
+        ),
+        (
+            json!({"tls_enabled": true, "tls_on_demand_url": "/allow", "canonical_host": "a.test"}),
+            "cannot set a canonical host when using a TLS on-demand URL",
+        ),
+        (
+            json!({"tls_enabled": true}),
+            "host must be set when using TLS",
+        ),
+        (
+            json!({"tls_enabled": true, "hosts": ["a.test"], "path_prefixes": ["/api"]}),
+            "TLS settings must be specified on the root path service",
+        ),
+        (
+            json!({"hosts": ["a.test", "b.test"], "canonical_host": "c.test"}),
+            "canonical-host 'c.test' must be present in the hosts list: [a.test b.test]",
+        ),
+    ];
+    for (options, message) in cases {
+        let reply = p.control(deploy(options.clone())).await;
+        assert_eq!(
+            reply,
+            json!({"error": format!("service options invalid: {message}")}),
+            "{options}"
+        );
+    }
+    assert_eq!(p.list_json().await["services"], json!({}));
+    assert_eq!(app.health_hits(), 0, "a refused deploy probes nothing");
+    assert!(!p.state_file().exists(), "nothing saved");
+    // The same path deploys a valid request.
+    let reply = p.control(deploy(json!({"hosts": ["a.test"]}))).await;
+    assert_eq!(reply, json!("ok"));
+    assert_eq!(p.get("a.test", "/").await.body, "app");
+}

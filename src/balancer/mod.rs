@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub mod health;
+pub mod rollout;
 pub mod target;
 
 use health::HealthCheckConfig;
@@ -104,6 +105,11 @@ impl LoadBalancer {
             .collect()
     }
 
+    /// Read targets were deployed (healthy or not): writer affinity applies.
+    pub fn has_readers(&self) -> bool {
+        !self.readers.is_empty()
+    }
+
     pub fn all_targets(&self) -> impl Iterator<Item = &Arc<Target>> {
         self.writers.iter().chain(self.readers.iter())
     }
@@ -112,7 +118,8 @@ impl LoadBalancer {
         *self.status.borrow()
     }
 
-    /// Picks a target round-robin. A read request prefers a healthy reader.
+    /// Picks a target round-robin. A read request prefers a healthy reader (the caller
+    /// has already sent a client with a live writer cookie to the writers).
     pub fn select(&self, read_request: bool) -> Option<Arc<Target>> {
         let healthy = self.healthy.load();
         if read_request && !healthy.readers.is_empty() {

@@ -72,6 +72,20 @@ fn state_cell(d: &crate::control::ServiceDescription) -> String {
     }
 }
 
+/// The active targets, as upstream; a rollout pool, when there is one, follows them.
+fn target_cell(d: &crate::control::ServiceDescription) -> String {
+    if d.rollout_targets.is_empty() {
+        return d.target.clone();
+    }
+    let rollout: Vec<&str> = d
+        .rollout_targets
+        .iter()
+        .chain(&d.rollout_reader_targets)
+        .map(String::as_str)
+        .collect();
+    format!("{} (rollout: {})", d.target, rollout.join(","))
+}
+
 pub fn render_table(list: &ListResponse) -> String {
     let header = ["Service", "Host", "Path", "Target", "State", "TLS"].map(String::from);
     let rows: Vec<[String; 6]> = list
@@ -82,7 +96,7 @@ pub fn render_table(list: &ListResponse) -> String {
                 printable(name),
                 printable(&d.host),
                 printable(&d.path),
-                printable(&d.target),
+                printable(&target_cell(d)),
                 state_cell(d),
                 if d.tls { "yes" } else { "no" }.to_string(),
             ]

@@ -8,6 +8,7 @@ use std::error::Error as _;
 
 pub mod deploy;
 pub mod list;
+pub mod rollout;
 pub mod run;
 pub mod service_cmds;
 
@@ -34,8 +35,8 @@ pub enum Command {
     /// Run the server
     Run(run::RunArgs),
     // The service is collected as a list so a wrong count gets cobra's message
-    // (`accepts 1 arg(s), received N`); the usage line still says exactly one.
-    /// Deploy a target host
+    // (`accepts 1 arg(s), received N`); the usage line still says exactly one. No doc
+    // comment here: it would replace the command's own long help (with its example).
     #[command(override_usage = "kamal-proxy deploy <SERVICE> --target=<HOST:PORT> [OPTIONS]")]
     Deploy(Box<deploy::DeployCmd>),
     /// Remove the service
@@ -53,6 +54,8 @@ pub enum Command {
     /// List the services currently running
     #[command(visible_alias = "ls")]
     List(list::ListCmd),
+    // About and long help (with examples) are on `RolloutCmd`.
+    Rollout(rollout::RolloutCmd),
 }
 
 /// Entry point of the binary; returns the process exit code.
@@ -73,6 +76,7 @@ pub fn main() -> i32 {
         Some(Command::Stop(c)) => c.execute(),
         Some(Command::Resume(a)) => service_cmds::resume(a),
         Some(Command::List(c)) => c.execute(),
+        Some(Command::Rollout(c)) => c.execute(),
     };
     match result {
         Ok(()) => 0,
@@ -137,10 +141,27 @@ fn report_parse_error(e: clap::Error) -> i32 {
                 format!("unexpected argument \"{flag}\"")
             }
         }
-        ErrorKind::InvalidSubcommand => format!(
-            "unknown command \"{}\" for \"kamal-proxy\"\nRun 'kamal-proxy --help' for usage.",
-            context(ContextKind::InvalidSubcommand)
-        ),
+        ErrorKind::InvalidSubcommand => {
+            // The command the unknown one was given to (`kamal-proxy rollout`), from clap's
+            // usage line, for cobra's wording.
+            let rendered = e.render().to_string();
+            let parent = rendered
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("Usage: "))
+                .map(|usage| {
+                    usage
+                        .split(' ')
+                        .take_while(|w| !w.starts_with(['[', '<', '-']))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| "kamal-proxy".to_string());
+            format!(
+                "unknown command \"{}\" for \"{parent}\"\nRun '{parent} --help' for usage.",
+                context(ContextKind::InvalidSubcommand)
+            )
+        }
         ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
             let arg = context(ContextKind::InvalidArg);
             let flag = arg

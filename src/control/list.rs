@@ -21,6 +21,8 @@ fn description(s: &Service) -> ServiceDescription {
     let writers = lb.writer_addresses();
     let readers = lb.reader_addresses();
     let sleep = s.sleep_controller();
+    let rollout = s.rollout();
+    let split = s.rollout_split();
     ServiceDescription {
         host: if o.has_configured_hosts() {
             o.hosts.join(",")
@@ -40,6 +42,16 @@ fn description(s: &Service) -> ServiceDescription {
         path_prefixes: o.path_prefixes.clone(),
         targets: writers,
         reader_targets: readers,
+        rollout_targets: rollout
+            .as_ref()
+            .map(|p| p.writer_addresses())
+            .unwrap_or_default(),
+        rollout_reader_targets: rollout
+            .as_ref()
+            .map(|p| p.reader_addresses())
+            .unwrap_or_default(),
+        rollout_percentage: split.as_ref().map(|s| s.percentage),
+        rollout_allowlist: split.map(|s| s.allowlist.clone()).unwrap_or_default(),
         sleep_state: sleep
             .as_ref()
             .map_or("off", |c| c.state().as_str())

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::gotime::GoDuration;
 use std::collections::BTreeMap;
 
-pub use crate::router::DeployArgs;
+pub use crate::router::{DeployArgs, RolloutDeployArgs};
 
 pub mod client;
 pub mod list;
@@ -33,6 +33,16 @@ pub enum Request {
         service: String,
     },
     List,
+    RolloutDeploy(RolloutDeployArgs),
+    RolloutSet {
+        service: String,
+        percentage: i64,
+        #[serde(default)]
+        allowlist: Vec<String>,
+    },
+    RolloutStop {
+        service: String,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -46,6 +56,16 @@ pub struct ServiceDescription {
     pub path_prefixes: Vec<String>,
     pub targets: Vec<String>,
     pub reader_targets: Vec<String>,
+    /// The rollout pool's writers (the fork's key), empty without a rollout; and its
+    /// readers and split (added keys).
+    #[serde(default)]
+    pub rollout_targets: Vec<String>,
+    #[serde(default)]
+    pub rollout_reader_targets: Vec<String>,
+    #[serde(default)]
+    pub rollout_percentage: Option<i64>,
+    #[serde(default)]
+    pub rollout_allowlist: Vec<String>,
     /// Scale-to-zero (added keys, beyond the fork's shape): `off` without sleep, else
     /// `active`, `freezing`, `frozen`, `stopping`, `sleeping` or `waking`; and the containers the proxy stops
     /// and starts, so a pruning script can spare a sleeping service's stopped containers.

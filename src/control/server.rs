@@ -131,6 +131,13 @@ async fn dispatch(router: &Arc<Router>, request: Request) -> Response {
         } => router.stop(&service, drain_timeout, message).await,
         Request::Resume { service } => router.resume(&service).await,
         Request::List => return Response::List(super::list::describe(router.services())),
+        Request::RolloutDeploy(args) => router.rollout_deploy(args).await,
+        Request::RolloutSet {
+            service,
+            percentage,
+            allowlist,
+        } => router.rollout_set(&service, percentage, allowlist).await,
+        Request::RolloutStop { service } => router.rollout_stop(&service).await,
     };
     match result {
         Ok(()) => Response::Ok,

@@ -13,6 +13,7 @@ use std::time::Duration;
 use super::body::finish;
 use super::body::{RequestBody, ResponseBody};
 use super::buffer::{BufferError, SpillBuffer};
+use super::cookies;
 use super::exchange::Exchange;
 use super::headers::{self, ForwardedFor};
 use super::keep_alive::{self, RUNGS};
@@ -62,6 +63,31 @@ pub struct UpstreamRequest<'a> {
     pub deadline: Option<tokio::time::Instant>,
     /// The service's name, for the log line of a rejection.
     pub service: &'a str,
+    /// What the proxy does to the cookies of the app's response (never to its own
+    /// answers: an error page carries no writer cookie).
+    pub cookies: ResponseCookies<'a>,
+}
+
+/// The proxy's changes to the `Set-Cookie` headers of an app's response.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResponseCookies<'a> {
+    /// `--writer-affinity-timeout`, on a write to a pool with readers (upstream §4.4).
+    pub writer_affinity: Option<Duration>,
+    /// `--scope-cookie-paths`: the stripped prefix the request matched (upstream §4.12).
+    pub scope_paths: Option<&'a str>,
+}
+
+impl ResponseCookies<'_> {
+    /// `host` is the request's `Host` header.
+    fn apply(&self, headers: &mut HeaderMap, host: Option<&HeaderValue>) {
+        if let Some(prefix) = self.scope_paths {
+            let host = host.and_then(|h| h.to_str().ok()).unwrap_or("");
+            cookies::scope_cookie_paths(headers, prefix, host);
+        }
+        if let Some(timeout) = self.writer_affinity {
+            cookies::set_writer_affinity(headers, timeout);
+        }
+    }
 }
 
 impl UpstreamRequest<'_> {
@@ -212,6 +238,8 @@ impl Forwarder {
             up.target.address(),
             opts.forward_headers,
         );
+        // Kept (a reference count, not a copy) only when the response's cookies need it.
+        let cookie_host = up.cookies.scope_paths.and(original_host.as_ref()).cloned();
         if let Some(h) = original_host {
             parts.headers.insert(header::HOST, h);
         }
@@ -329,6 +357,8 @@ impl Forwarder {
             };
         }
         headers::remove_hop_by_hop(response.headers_mut());
+        up.cookies
+            .apply(response.headers_mut(), cookie_host.as_ref());
 
         if opts.buffer_responses && !is_event_stream(response.headers()) {
             let (mut parts, incoming) = response.into_parts();

@@ -3,6 +3,7 @@
 
 pub mod body;
 pub mod buffer;
+pub mod cookies;
 pub mod exchange;
 pub mod forward;
 pub mod headers;
@@ -11,4 +12,4 @@ pub mod pages;
 pub mod rejection;
 mod retry;
 
-pub use forward::{Forwarder, UpstreamRequest};
+pub use forward::{Forwarder, ResponseCookies, UpstreamRequest};

@@ -15,7 +15,7 @@ use crate::balancer::{LoadBalancer, ProbeMode};
 use crate::lifecycle::LifecycleError;
 use crate::options::{DeploymentOptions, ServiceOptions, TargetOptions};
 use crate::service::pause::PauseController;
-use crate::service::sleep::{IdleState, labels};
+use crate::service::sleep::{IdleState, InFlight, labels};
 use crate::service::{Service, ServiceConfig};
 
 /// How long the deploy preflight may spend inspecting containers, in all.
@@ -60,23 +60,8 @@ impl Router {
             lb,
         } = self.check(args).await?;
 
-        // A sleeping service's containers are stopped: wake it first so the new targets
-        // can pass their health checks, and keep it awake (counted in flight) until the
-        // deploy is over so it cannot fall asleep halfway.
         let existing = self.services.lock().await.get(&name).cloned();
-        let _keep_awake = match existing.and_then(|s| s.sleep_controller()) {
-            Some(c) => {
-                if c.state() != IdleState::Active {
-                    tracing::info!(service = %name, "Waking sleeping service for deploy");
-                }
-                Some(
-                    c.admit()
-                        .await
-                        .map_err(|e| format!("unable to wake service for deploy: {e}"))?,
-                )
-            }
-            None => None,
-        };
+        let _keep_awake = keep_awake(existing.as_deref(), "deploy").await?;
 
         tracing::info!(service = %name, targets = %targets.join(","), hosts = %options.hosts.join(","), paths = %options.path_prefixes.join(","), tls = options.tls_enabled, "Deploying");
         lb.start_health_checks(ProbeMode::Deploy);
@@ -108,6 +93,14 @@ impl Router {
                     .map(|s| s.pause.snapshot())
                     .unwrap_or_default(),
                 self.idle_state_after_deploy(&options),
+            )
+            // A deploy replaces the active pool only; the rollout stays (upstream).
+            .with_rollout(
+                services.get(&name).and_then(|s| s.rollout()).as_deref(),
+                services
+                    .get(&name)
+                    .and_then(|s| s.rollout_split())
+                    .as_deref(),
             );
             if let Err(e) = self.store.save(snapshots(&services, Some(deployed))).await {
                 lb.stop_health_checks();
@@ -296,10 +289,31 @@ impl Router {
         };
         self.publish(&services);
         service.set_sleep_controller(None);
-        service.active().stop_health_checks();
+        for pool in service.pools() {
+            pool.stop_health_checks();
+        }
         tracing::info!(service = %name, "Removed");
         Ok(())
     }
+}
+
+/// A sleeping service's containers are stopped: a deploy or rollout wakes it first so the
+/// new targets can pass their health checks, and keeps it awake (counted in flight) until
+/// it is over so it cannot fall asleep halfway.
+pub(super) async fn keep_awake(
+    service: Option<&Service>,
+    what: &str,
+) -> Result<Option<InFlight>, String> {
+    let Some(c) = service.and_then(|s| s.sleep_controller()) else {
+        return Ok(None);
+    };
+    if c.state() != IdleState::Active {
+        tracing::info!(service = %service.map_or("", |s| &s.name), "Waking sleeping service for {what}");
+    }
+    c.admit()
+        .await
+        .map(Some)
+        .map_err(|e| format!("unable to wake service for {what}: {e}"))
 }
 
 /// The checks that need nothing but the request itself.

@@ -20,7 +20,7 @@ impl Router {
             .with_service(name, |p| p.pause(pause_timeout.to_std()))
             .await?;
         tracing::info!(service = %name, "Service paused");
-        service.active().drain(drain_timeout.to_std()).await;
+        drain_all(&service, drain_timeout).await;
         tracing::info!(service = %name, "Service drained");
         Ok(())
     }
@@ -33,7 +33,7 @@ impl Router {
     ) -> Result<(), String> {
         let service = self.with_service(name, |p| p.stop(message.clone())).await?;
         tracing::info!(service = %name, "Service stopped");
-        service.active().drain(drain_timeout.to_std()).await;
+        drain_all(&service, drain_timeout).await;
         tracing::info!(service = %name, "Service drained");
         Ok(())
     }
@@ -64,4 +64,10 @@ impl Router {
         change(&service.pause);
         Ok(service)
     }
+}
+
+/// Pause and stop drain the active and the rollout pool at once (upstream §4.3).
+async fn drain_all(service: &Service, timeout: GoDuration) {
+    let pools = service.pools();
+    futures_util::future::join_all(pools.iter().map(|p| p.drain(timeout.to_std()))).await;
 }

@@ -4,6 +4,7 @@
 //! - `table`: the published (host, path prefix) → service lookup;
 //! - `deploy`: deploy and remove, every check made before anything happens;
 //! - `maintenance`: pause, stop and resume (`kamal app maintenance` / `live`);
+//! - `rollout`: the second pool and the split of requests onto it;
 //! - `restore`: the services of the state file, brought back at start-up;
 //! - `persist` and `state`: the state file, saved before a change is published;
 //! - `sleep`: the idle controller each scale-to-zero service gets;
@@ -19,12 +20,14 @@ mod deploy;
 mod maintenance;
 pub mod persist;
 mod restore;
+mod rollout;
 mod sleep;
 pub mod state;
 pub mod table;
 mod tls;
 
 pub use deploy::DeployArgs;
+pub use rollout::RolloutDeployArgs;
 
 use crate::balancer::health::{ProbeClient, probe_client};
 use crate::lifecycle::ContainerLifecycle;
@@ -110,8 +113,8 @@ impl Router {
     /// Graceful shutdown: stop probing so no task outlives the listeners.
     pub async fn shutdown(&self) {
         let services = self.services.lock().await;
-        for s in services.values() {
-            s.active().stop_health_checks();
+        for pool in services.values().flat_map(|s| s.pools()) {
+            pool.stop_health_checks();
         }
     }
 }

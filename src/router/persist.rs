@@ -70,7 +70,8 @@ pub(super) fn snapshot(s: &Service) -> ServiceState {
         s.sleep_controller()
             .map(|c| c.state().to_string())
             .unwrap_or_default(),
-    );
+    )
+    .with_rollout(s.rollout().as_deref(), s.rollout_split().as_deref());
     if let Some(c) = s.sleep_controller() {
         let (ids, since) = c.remembered();
         state.idle_containers = ids;

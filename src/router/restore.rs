@@ -45,7 +45,9 @@ impl Router {
                 Err(e) => {
                     for service in restored.values() {
                         service.set_sleep_controller(None);
-                        service.active().stop_health_checks();
+                        for pool in service.pools() {
+                            pool.stop_health_checks();
+                        }
                     }
                     let aside = self.store.set_aside();
                     tracing::error!(path = %path, service = %s.name, error = %e, moved_to = %aside, "Failed to decode saved state");
@@ -83,6 +85,24 @@ impl Router {
         ));
         let restored_idle = IdleState::parse(&s.idle_state);
         lb.mark_all_healthy();
+        // A rollout pool is restored when it has targets, healthy at once like the active
+        // one (upstream §6.3), and its split as saved.
+        let rollout = match s.rollout_targets.as_deref() {
+            Some(writers) if !writers.is_empty() => {
+                let pool = LoadBalancer::new(
+                    &s.name,
+                    writers,
+                    s.rollout_readers.as_deref().unwrap_or_default(),
+                    s.target_options.health_check_config.clone(),
+                    self.probe_client.clone(),
+                )?;
+                pool.mark_all_healthy();
+                service.swap_rollout(Some(pool.clone()));
+                Some(pool)
+            }
+            _ => None,
+        };
+        service.set_rollout_split(s.rollout_controller.clone());
         if s.options.sleep_enabled() && self.lifecycle.is_none() {
             tracing::warn!(service = %s.name, "Service has --sleep-after but the proxy runs without --docker-socket; it will not sleep");
         }
@@ -98,7 +118,9 @@ impl Router {
             .sleep_controller()
             .is_none_or(|c| c.state() == IdleState::Active)
         {
-            lb.start_health_checks(ProbeMode::Deploy);
+            for pool in std::iter::once(&lb).chain(rollout.as_ref()) {
+                pool.start_health_checks(ProbeMode::Deploy);
+            }
         }
         Ok(service)
     }

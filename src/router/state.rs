@@ -20,6 +20,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::balancer::LoadBalancer;
+use crate::balancer::rollout::RolloutSplit;
 use crate::options::{ServiceOptions, TargetOptions};
 use crate::service::pause::PauseSnapshot;
 
@@ -45,7 +46,7 @@ pub struct ServiceState {
     #[serde(default)]
     pub pause_controller: PauseSnapshot,
     #[serde(default)]
-    pub rollout_controller: Option<serde_json::Value>,
+    pub rollout_controller: Option<RolloutSplit>,
     /// `active`, `sleeping`, … (absent in upstream files: awake).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub idle_state: String,
@@ -95,6 +96,19 @@ impl ServiceState {
             hosts: Vec::new(),
             path_prefixes: Vec::new(),
         }
+    }
+
+    /// Adds the service's rollout pool and split (upstream writes `null` for each that
+    /// is absent).
+    pub fn with_rollout(
+        mut self,
+        pool: Option<&LoadBalancer>,
+        split: Option<&RolloutSplit>,
+    ) -> ServiceState {
+        self.rollout_targets = pool.map(|p| p.writer_addresses());
+        self.rollout_readers = pool.map(|p| p.reader_addresses());
+        self.rollout_controller = split.cloned();
+        self
     }
 
     /// Applies upstream's legacy upgrades and normalises the options.

@@ -15,14 +15,16 @@ pub mod pause;
 pub mod sleep;
 
 use crate::balancer::LoadBalancer;
+use crate::balancer::rollout::{ROLLOUT_COOKIE, RolloutSplit};
 use crate::observe::access::{header_values, log_key};
 use crate::observe::metrics::ServiceMetrics;
 use crate::options::{ServiceOptions, TargetOptions};
 use crate::proxy::body::ResponseBody;
+use crate::proxy::cookies::{has_live_writer_cookie, request_cookie};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::pages::ErrorPages;
 use crate::proxy::rejection::{Refused, Rejection};
-use crate::proxy::{Forwarder, UpstreamRequest, headers};
+use crate::proxy::{Forwarder, ResponseCookies, UpstreamRequest, headers};
 use gates::Gates;
 use pause::{PauseController, PauseOutcome};
 use sleep::{HealthAnswer, IdleController};
@@ -116,6 +118,10 @@ pub struct Service {
     pub name: Arc<str>,
     config: ArcSwap<ServiceConfig>,
     active: ArcSwap<LoadBalancer>,
+    /// `rollout deploy`'s second pool, and `rollout set`'s split of requests onto it
+    /// (upstream §4.5). `rollout stop` clears the split and keeps the pool.
+    rollout: ArcSwapOption<LoadBalancer>,
+    rollout_split: ArcSwapOption<RolloutSplit>,
     pub pause: PauseController,
     sleep: ArcSwapOption<IdleController>,
     /// Resolved on the first request (metrics are switched on before any listener opens).
@@ -133,6 +139,8 @@ impl Service {
             name: Arc::from(name),
             config: ArcSwap::from_pointee(config),
             active: ArcSwap::new(lb),
+            rollout: ArcSwapOption::empty(),
+            rollout_split: ArcSwapOption::empty(),
             pause,
             sleep: ArcSwapOption::empty(),
             metrics: std::sync::OnceLock::new(),
@@ -154,6 +162,55 @@ impl Service {
     /// Installs a new pool and returns the one it replaces.
     pub fn swap_active(&self, lb: Arc<LoadBalancer>) -> Arc<LoadBalancer> {
         self.active.swap(lb)
+    }
+
+    pub fn rollout(&self) -> Option<Arc<LoadBalancer>> {
+        self.rollout.load_full()
+    }
+
+    /// Installs (or clears) the rollout pool and returns the one it replaces.
+    pub fn swap_rollout(&self, lb: Option<Arc<LoadBalancer>>) -> Option<Arc<LoadBalancer>> {
+        self.rollout.swap(lb)
+    }
+
+    pub fn rollout_split(&self) -> Option<Arc<RolloutSplit>> {
+        self.rollout_split.load_full()
+    }
+
+    pub fn set_rollout_split(&self, split: Option<RolloutSplit>) {
+        self.rollout_split.store(split.map(Arc::new));
+    }
+
+    /// The active pool, then the rollout pool if there is one: what a pause or stop
+    /// drains, and what sleeping suspends and waking resumes.
+    pub fn pools(&self) -> Vec<Arc<LoadBalancer>> {
+        std::iter::once(self.active())
+            .chain(self.rollout())
+            .collect()
+    }
+
+    /// The pools requests can reach: the active pool, and the rollout pool while a split
+    /// sends requests to it. A sleeping service starts the containers of these and waits
+    /// until each can serve; a rollout pool left after `rollout stop` gets no traffic, so
+    /// its containers (perhaps removed since) never hold up a wake.
+    pub fn live_pools(&self) -> Vec<Arc<LoadBalancer>> {
+        let rollout = self
+            .rollout()
+            .filter(|_| self.rollout_split.load().is_some());
+        std::iter::once(self.active()).chain(rollout).collect()
+    }
+
+    /// The pool a request goes to: the rollout pool when a split is set and the request's
+    /// `kamal-rollout` cookie falls on its side, else the active pool.
+    fn pool_for(&self, headers: &http::HeaderMap) -> Arc<LoadBalancer> {
+        if let Some(split) = self.rollout_split.load().as_ref() {
+            if let Some(rollout) = self.rollout.load_full() {
+                if request_cookie(headers, ROLLOUT_COOKIE).is_some_and(|v| split.routes(v)) {
+                    return rollout;
+                }
+            }
+        }
+        self.active.load_full()
     }
 
     pub fn sleep_controller(&self) -> Option<Arc<IdleController>> {
@@ -251,9 +308,21 @@ impl Service {
             config.options.strip_prefix,
         )
         .unwrap_or_else(|| upstream_path_and_query(&uri, &routed));
-        let lb = self.active.load_full();
+        let lb = self.pool_for(req.headers());
         let read = is_read_request(&req, config.options.read_targets_accept_websockets);
-        let Some(target) = lb.select(read) else {
+        // Writer affinity (upstream §4.4) matters only to a pool with readers: a client
+        // that wrote recently reads from a writer, and a write renews its cookie.
+        let affinity = lb.has_readers();
+        let to_reader = read && !(affinity && has_live_writer_cookie(req.headers()));
+        let writer_affinity =
+            (affinity && !read && config.options.writer_affinity_timeout.is_positive())
+                .then(|| config.options.writer_affinity_timeout.to_std());
+        // Upstream scopes cookie paths only under a stripped, non-root prefix.
+        let scope_cookies = (config.target_options.scope_cookie_paths
+            && config.options.strip_prefix
+            && prefix != "/")
+            .then_some(prefix);
+        let Some(target) = lb.select(to_reader) else {
             let at = Refused {
                 service: &self.name,
                 path: uri.path(),
@@ -280,6 +349,10 @@ impl Service {
                     tls: conn.tls,
                     deadline,
                     service: &self.name,
+                    cookies: ResponseCookies {
+                        writer_affinity,
+                        scope_paths: scope_cookies,
+                    },
                 },
                 exchange,
             )

@@ -176,6 +176,17 @@ pub fn run_httpd_with_boot_delay(name_prefix: &str, delay: Duration) -> TestCont
 /// is PID 1, which the kernel shields from signals it has no handler for (SIGTERM
 /// included): use that to get a container only SIGKILL stops.
 pub fn run_container(name_prefix: &str, port: u16, init: bool, command: &[&str]) -> TestContainer {
+    run_container_with(name_prefix, port, init, &[], command)
+}
+
+/// [`run_container`] with extra `docker run` options (e.g. `-v host:container`).
+pub fn run_container_with(
+    name_prefix: &str,
+    port: u16,
+    init: bool,
+    docker_options: &[&str],
+    command: &[&str],
+) -> TestContainer {
     let image = ensure_test_image();
     let container = TestContainer {
         name: format!("{name_prefix}-{}", unique_suffix()),
@@ -194,6 +205,7 @@ pub fn run_container(name_prefix: &str, port: u16, init: bool, command: &[&str])
     if init {
         args.push("--init");
     }
+    args.extend_from_slice(docker_options);
     args.push(&image);
     args.extend_from_slice(command);
     docker(&args);
@@ -210,6 +222,16 @@ pub fn stop(name: &str) {
 }
 
 /// Removes the container if it exists; never fails (used from `Drop`).
+/// `docker kill`: SIGKILL, no grace, as a crash would.
+pub fn kill(name: &str) {
+    docker(&["kill", name]);
+}
+
+/// `docker start`.
+pub fn start(name: &str) {
+    docker(&["start", name]);
+}
+
 pub fn remove(name: &str) {
     let _ = docker_output(&["rm", "-f", "-v", name]);
 }

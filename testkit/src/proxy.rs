@@ -239,6 +239,22 @@ impl Proxy {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
+    /// Sends one raw request over the control socket, as any program could (not through
+    /// the CLI and its checks), and returns the server's JSON reply.
+    pub async fn control(&self, request: serde_json::Value) -> serde_json::Value {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::UnixStream::connect(self.socket())
+            .await
+            .expect("connect to the control socket");
+        s.write_all(request.to_string().as_bytes())
+            .await
+            .expect("send");
+        s.shutdown().await.expect("half-close");
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).await.expect("reply");
+        serde_json::from_str(&reply).unwrap_or_else(|e| panic!("reply {reply:?}: {e}"))
+    }
+
     pub async fn deploy(&self, service: &str, target: &str, extra: &[&str]) {
         let t = format!("--target={target}");
         let mut args = vec![

@@ -602,6 +602,34 @@ async fn a_failed_wake_that_cannot_clean_up_stays_awake_and_sleeps_later() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_failed_clean_up_with_nothing_ready_is_left_asleep_and_the_next_request_wakes_it() {
+    // The engine went silent mid-wake: the start and the clean-up's stop both time out,
+    // and no target gets ready. Active would route every request to an empty pool, and
+    // that traffic would keep the service from ever idling into a sleep and a new wake.
+    let h = harness(&["a"]);
+    h.put_to_sleep().await;
+    h.lifecycle
+        .fail_start("a", Some(LifecycleError::Timeout("a".into())));
+    h.lifecycle
+        .fail_stop("a", Some(LifecycleError::Timeout("a".into())));
+    h.hooks.never_ready(true);
+    assert!(h.controller.admit().await.is_err());
+    pass(RESTORE_BUDGET + Duration::from_secs(1)).await;
+    assert_eq!(h.controller.state(), IdleState::Sleeping);
+
+    // The engine is back: after the backoff, a request wakes the service.
+    h.lifecycle.fail_start("a", None);
+    h.lifecycle.fail_stop("a", None);
+    h.hooks.never_ready(false);
+    pass(MAX_BACKOFF).await;
+    let starts = h.lifecycle.starts();
+    let admitted = h.controller.admit().await;
+    assert!(admitted.is_ok(), "{admitted:?}");
+    assert_eq!(h.lifecycle.starts(), starts + 1);
+    assert_eq!(h.controller.state(), IdleState::Active);
+}
+
+#[tokio::test(start_paused = true)]
 async fn reconfigure_mid_wake_supersedes_the_late_outcome() {
     let h = harness(&["a"]);
     h.put_to_sleep().await;

@@ -391,8 +391,8 @@ impl Shared {
 
     /// Puts a service that could not (fully) sleep back to work: restarts what was stopped,
     /// resumes the pools and waits, bounded, for a target to be ready before going active,
-    /// so held requests never meet an empty pool. Not persisted: the service never reached
-    /// a persisted sleeping edge from here.
+    /// so held requests never meet an empty pool; when none gets ready it is left asleep.
+    /// Not persisted: the service never reached a persisted sleeping edge from here.
     pub(super) async fn recover(
         &self,
         generation: u64,
@@ -414,10 +414,16 @@ impl Shared {
             }
         }
         let ready = timeout_at(deadline, self.hooks.resume_until_ready(deadline)).await;
-        if !matches!(ready, Ok(Ok(()))) {
-            tracing::error!(service = %self.service, "{not_ready}");
+        if matches!(ready, Ok(Ok(()))) {
+            self.settle(generation, IdleState::Active, |_| {});
+            return;
         }
-        self.settle(generation, IdleState::Active, |_| {});
+        tracing::error!(service = %self.service, "{not_ready}");
+        // Nothing serves. Active would be a dead end: every request would meet an empty
+        // pool, and that traffic would keep the idle timer from ever sleeping it. Asleep,
+        // the next request (after the failure backoff) wakes it: starts whatever is not
+        // running, which a container that did stop needs, and waits for it to be ready.
+        self.settle(generation, IdleState::Sleeping, |_| self.hooks.suspend());
     }
 
     // ---- Waking -----------------------------------------------------------------------
