@@ -220,10 +220,116 @@ pub mod values {
         crate::gotime::parse_flag(s)
     }
 
-    /// Go's `strconv.ParseInt` for byte sizes and ports.
+    /// pflag's integers: Go's `strconv.ParseInt(s, 0, 64)`, for byte sizes and ports.
+    ///
+    /// Base 0 is Go's literal syntax, which a drop-in must accept as upstream does: an
+    /// optional sign, then `0x`/`0X` hex, `0o`/`0O` or a bare leading `0` octal (so `010`
+    /// is 8), `0b`/`0B` binary, else decimal, with `_` allowed between digits.
     pub fn int64(s: &str) -> Result<i64, String> {
-        s.parse::<i64>()
-            .map_err(|_| format!("strconv.ParseInt: parsing \"{s}\": invalid syntax"))
+        let error = |why: &str| format!("strconv.ParseInt: parsing {}: {why}", go_quote(s));
+        let (negative, unsigned) = match s.as_bytes().first() {
+            Some(b'+') => (false, &s[1..]),
+            Some(b'-') => (true, &s[1..]),
+            _ => (false, s),
+        };
+        let magnitude = parse_uint_base0(unsigned).map_err(|e| match e {
+            UintError::Syntax => error("invalid syntax"),
+            UintError::Range => error("value out of range"),
+        })?;
+        if negative {
+            0i64.checked_sub_unsigned(magnitude)
+        } else {
+            i64::try_from(magnitude).ok()
+        }
+        .ok_or_else(|| error("value out of range"))
+    }
+
+    enum UintError {
+        Syntax,
+        Range,
+    }
+
+    /// Go's `strconv.ParseUint(s, 0, 64)` (no sign).
+    fn parse_uint_base0(s: &str) -> Result<u64, UintError> {
+        let bytes = s.as_bytes();
+        let (radix, digits) = match bytes {
+            [] => return Err(UintError::Syntax),
+            [b'0', p, _, ..] if p.eq_ignore_ascii_case(&b'b') => (2, &bytes[2..]),
+            [b'0', p, _, ..] if p.eq_ignore_ascii_case(&b'o') => (8, &bytes[2..]),
+            [b'0', p, _, ..] if p.eq_ignore_ascii_case(&b'x') => (16, &bytes[2..]),
+            [b'0', ..] => (8, &bytes[1..]),
+            _ => (10, bytes),
+        };
+        let mut n: u64 = 0;
+        for &c in digits {
+            if c == b'_' {
+                continue;
+            }
+            let d = char::from(c).to_digit(radix).ok_or(UintError::Syntax)?;
+            n = n
+                .checked_mul(u64::from(radix))
+                .and_then(|n| n.checked_add(u64::from(d)))
+                .ok_or(UintError::Range)?;
+        }
+        if s.contains('_') && !underscores_ok(s) {
+            return Err(UintError::Syntax);
+        }
+        Ok(n)
+    }
+
+    /// Go's `underscoreOK`: each `_` sits between two digits, or between the base prefix
+    /// and a digit.
+    fn underscores_ok(s: &str) -> bool {
+        let b = s.as_bytes();
+        let (mut i, mut saw, hex) = match b {
+            [b'0', p, ..] if matches!(p.to_ascii_lowercase(), b'b' | b'o' | b'x') => {
+                (2, b'0', p.eq_ignore_ascii_case(&b'x'))
+            }
+            _ => (0, b'^', false),
+        };
+        while i < b.len() {
+            let c = b[i];
+            if c.is_ascii_digit() || (hex && c.is_ascii_hexdigit()) {
+                saw = b'0';
+            } else if c == b'_' {
+                if saw != b'0' {
+                    return false;
+                }
+                saw = b'_';
+            } else {
+                if saw == b'_' {
+                    return false;
+                }
+                saw = b'!';
+            }
+            i += 1;
+        }
+        saw != b'_'
+    }
+
+    /// Go's `strconv.Quote` for the ASCII range (what pflag prints in its messages):
+    /// quotes and backslashes escaped, control characters as `\n`-style or `\xNN`
+    /// escapes. Other characters are kept as they are, as Go keeps printable ones.
+    pub fn go_quote(s: &str) -> String {
+        let mut out = String::with_capacity(s.len() + 2);
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\u{07}' => out.push_str("\\a"),
+                '\u{08}' => out.push_str("\\b"),
+                '\u{0c}' => out.push_str("\\f"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{0b}' => out.push_str("\\v"),
+                c if c.is_ascii_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+        out
     }
 
     /// Go's `strconv.ParseFloat` (a finite number; `NaN` and infinities are refused).
@@ -231,18 +337,94 @@ pub mod values {
         s.parse::<f64>()
             .ok()
             .filter(|f| f.is_finite())
-            .ok_or_else(|| format!("strconv.ParseFloat: parsing \"{s}\": invalid syntax"))
+            .ok_or_else(|| {
+                format!(
+                    "strconv.ParseFloat: parsing {}: invalid syntax",
+                    go_quote(s)
+                )
+            })
     }
 
     /// A port, with `strconv.ParseInt`'s wording for what is not one.
     pub fn port(s: &str) -> Result<u16, String> {
         let n = int64(s)?;
-        u16::try_from(n)
-            .map_err(|_| format!("strconv.ParseInt: parsing \"{s}\": value out of range"))
+        u16::try_from(n).map_err(|_| {
+            format!(
+                "strconv.ParseInt: parsing {}: value out of range",
+                go_quote(s)
+            )
+        })
     }
 
     /// pflag's string slices drop empty items, so `--host=""` means no hosts.
     pub fn non_empty(list: Vec<String>) -> Vec<String> {
         list.into_iter().filter(|s| !s.is_empty()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::values::*;
+
+    /// pflag reads integers with `strconv.ParseInt(s, 0, 64)`; these are Go's answers.
+    #[test]
+    fn integers_follow_go_base_prefix_syntax() {
+        for (text, want) in [
+            ("1048576", 1048576),
+            ("+5", 5),
+            ("-5", -5),
+            ("0", 0),
+            ("-0", 0),
+            ("010", 8),
+            ("0o17", 15),
+            ("0O17", 15),
+            ("0x1F", 31),
+            ("0X1f", 31),
+            ("0b101", 5),
+            ("1_048_576", 1048576),
+            ("0x_1", 1),
+            ("0_1", 1),
+            ("9223372036854775807", i64::MAX),
+            ("-9223372036854775808", i64::MIN),
+            ("-0x8000000000000000", i64::MIN),
+        ] {
+            assert_eq!(int64(text), Ok(want), "{text}");
+        }
+        for (text, why) in [
+            ("", "invalid syntax"),
+            ("-", "invalid syntax"),
+            ("+-5", "invalid syntax"),
+            (" 5", "invalid syntax"),
+            ("5 ", "invalid syntax"),
+            ("08", "invalid syntax"),
+            ("0x", "invalid syntax"),
+            ("0b2", "invalid syntax"),
+            ("1__0", "invalid syntax"),
+            ("_10", "invalid syntax"),
+            ("10_", "invalid syntax"),
+            ("1e3", "invalid syntax"),
+            ("1MB", "invalid syntax"),
+            ("9223372036854775808", "value out of range"),
+            ("-9223372036854775809", "value out of range"),
+            ("99999999999999999999", "value out of range"),
+        ] {
+            assert_eq!(
+                int64(text),
+                Err(format!(
+                    "strconv.ParseInt: parsing {}: {why}",
+                    go_quote(text)
+                )),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            int64("1\"\n"),
+            Err(r#"strconv.ParseInt: parsing "1\"\n": invalid syntax"#.to_string())
+        );
+        assert_eq!(port("0x50"), Ok(80));
+        assert_eq!(
+            port("65536"),
+            Err(r#"strconv.ParseInt: parsing "65536": value out of range"#.to_string())
+        );
     }
 }

@@ -56,6 +56,10 @@ pub fn run(args: RunArgs) -> i32 {
     let _log_guard = crate::observe::log::init(args.debug);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // Access lines wait in a per-worker batch until the worker goes idle (or the batch
+        // fills): one hand-over to the log writer per burst instead of one per request.
+        .on_thread_park(crate::observe::log::thread_idle)
+        .on_thread_stop(crate::observe::log::thread_stopping)
         .build()
     {
         Ok(r) => r,

@@ -45,6 +45,14 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Reads one request as the server receives it. Public so the property tests and the
+    /// fuzz targets exercise exactly the server's decoder.
+    pub fn decode(bytes: &[u8]) -> Result<Request, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("invalid request: {e}"))
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ServiceDescription {
     pub host: String,

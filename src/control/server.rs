@@ -84,8 +84,8 @@ async fn handle(mut stream: UnixStream, router: Arc<Router>) {
         }
         (Ok(()), Err(_)) => Response::Error("timed out reading the request".into()),
         (Ok(()), Ok(Err(e))) => Response::Error(format!("failed to read request: {e}")),
-        (Ok(()), Ok(Ok(_))) => match serde_json::from_slice::<Request>(&buf) {
-            Err(e) => Response::Error(format!("invalid request: {e}")),
+        (Ok(()), Ok(Ok(_))) => match Request::decode(&buf) {
+            Err(e) => Response::Error(e),
             Ok(request) => dispatch(&router, request).await,
         },
     };

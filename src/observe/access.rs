@@ -3,12 +3,12 @@
 
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method};
-use std::fmt::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
 use tokio::time::Instant;
 
-use super::log::json_escape_into;
+use super::log::{self, json_escape_into};
+use super::text::{IpText, push_i64, push_u64};
 
 /// Logged when the client disconnected before a response was ready (nginx's convention,
 /// as upstream uses).
@@ -81,19 +81,24 @@ pub fn header_values(headers: &HeaderMap, name: &str) -> String {
     out
 }
 
-/// Writes the access line of a finished request.
+/// Writes the access line of a finished request: the line the `tracing` formatter would
+/// write for `info!(json_fields = .., "Request")`, built straight into this thread's log
+/// batch (see `log::write_line`), which skips the subscriber's dispatch and a copy.
 pub fn log_request(r: &AccessRecord, elapsed: std::time::Duration, bytes_sent: u64) {
-    let line = format_fields(r, elapsed.as_nanos() as i64, bytes_sent);
-    tracing::info!(json_fields = line.as_str(), "Request");
+    let now = std::time::SystemTime::now();
+    log::write_line(|out| {
+        out.push_str("{\"time\":\"");
+        log::push_rfc3339_nano_utc(out, now);
+        out.push_str("\",\"level\":\"INFO\",\"msg\":\"Request\",");
+        write_fields(out, r, elapsed.as_nanos() as i64, bytes_sent);
+        out.push_str("}\n");
+    });
 }
 
-fn format_fields(r: &AccessRecord, duration_ns: i64, bytes_sent: u64) -> String {
-    let mut s = String::with_capacity(512);
+/// The access line's fields, `"host":..,"port":..,..`, in upstream's order.
+fn write_fields(s: &mut String, r: &AccessRecord, duration_ns: i64, bytes_sent: u64) {
     let key = |s: &mut String, k: &str| {
-        if !s.is_empty() {
-            s.push(',');
-        }
-        s.push('"');
+        s.push_str(",\"");
         s.push_str(k);
         s.push_str("\":");
     };
@@ -101,62 +106,73 @@ fn format_fields(r: &AccessRecord, duration_ns: i64, bytes_sent: u64) -> String 
         Some(pq) => (pq.path(), pq.query().unwrap_or("")),
         None => ("", ""),
     };
-    key(&mut s, "host");
-    escape_value(&mut s, Some(&r.host));
-    key(&mut s, "port");
-    let _ = write!(s, "{}", r.port);
-    key(&mut s, "path");
-    json_escape_into(&mut s, &decoded_path(path));
-    key(&mut s, "request_id");
-    escape_value(&mut s, Some(&r.request_id));
-    key(&mut s, "status");
-    let _ = write!(s, "{}", r.status);
-    key(&mut s, "service");
-    json_escape_into(&mut s, r.service.as_deref().unwrap_or(""));
-    key(&mut s, "target");
-    json_escape_into(&mut s, r.target.as_deref().unwrap_or(""));
-    key(&mut s, "duration");
-    let _ = write!(s, "{duration_ns}");
-    key(&mut s, "method");
-    json_escape_into(&mut s, r.method_raw.as_str());
-    key(&mut s, "req_content_length");
-    let _ = write!(s, "{}", r.req_content_length);
-    key(&mut s, "req_content_type");
-    escape_value(&mut s, r.req_content_type.as_ref());
-    key(&mut s, "resp_content_length");
-    let _ = write!(s, "{bytes_sent}");
-    key(&mut s, "resp_content_type");
-    escape_value(&mut s, r.resp_content_type.as_ref());
-    key(&mut s, "client_addr");
-    let _ = write!(s, "\"{}\"", r.client.ip());
-    key(&mut s, "client_port");
-    let _ = write!(s, "\"{}\"", r.client.port());
-    key(&mut s, "remote_addr");
+    let client_ip = IpText::new(r.client.ip());
+    s.push_str("\"host\":");
+    escape_value(s, Some(&r.host));
+    key(s, "port");
+    push_u64(s, u64::from(r.port));
+    key(s, "path");
+    json_escape_into(s, &decoded_path(path));
+    key(s, "request_id");
+    escape_value(s, Some(&r.request_id));
+    key(s, "status");
+    push_u64(s, u64::from(r.status));
+    key(s, "service");
+    json_escape_into(s, r.service.as_deref().unwrap_or(""));
+    key(s, "target");
+    json_escape_into(s, r.target.as_deref().unwrap_or(""));
+    key(s, "duration");
+    push_i64(s, duration_ns);
+    key(s, "method");
+    json_escape_into(s, r.method_raw.as_str());
+    key(s, "req_content_length");
+    push_i64(s, r.req_content_length);
+    key(s, "req_content_type");
+    escape_value(s, r.req_content_type.as_ref());
+    key(s, "resp_content_length");
+    push_u64(s, bytes_sent);
+    key(s, "resp_content_type");
+    escape_value(s, r.resp_content_type.as_ref());
+    key(s, "client_addr");
+    quoted(s, client_ip.as_str());
+    key(s, "client_port");
+    s.push('"');
+    push_u64(s, u64::from(r.client.port()));
+    s.push('"');
+    key(s, "remote_addr");
     match &r.remote_addr {
-        Some(v) => escape_value(&mut s, Some(v)),
-        None => {
-            let _ = write!(s, "\"{}\"", r.client.ip());
-        }
+        Some(v) => escape_value(s, Some(v)),
+        None => quoted(s, client_ip.as_str()),
     }
-    key(&mut s, "user_agent");
-    escape_value(&mut s, r.user_agent.as_ref());
-    key(&mut s, "proto");
-    json_escape_into(&mut s, r.proto);
-    key(&mut s, "scheme");
-    json_escape_into(&mut s, r.scheme);
-    key(&mut s, "query");
-    json_escape_into(&mut s, query);
+    key(s, "user_agent");
+    escape_value(s, r.user_agent.as_ref());
+    key(s, "proto");
+    json_escape_into(s, r.proto);
+    key(s, "scheme");
+    json_escape_into(s, r.scheme);
+    key(s, "query");
+    json_escape_into(s, query);
     for (k, v) in r.req_headers.iter().chain(r.resp_headers.iter()) {
-        key(&mut s, k);
-        json_escape_into(&mut s, v);
+        key(s, k);
+        json_escape_into(s, v);
     }
-    s
+}
+
+/// Text that needs no escaping (digits, dots, colons), in quotes.
+fn quoted(s: &mut String, text: &str) {
+    s.push('"');
+    s.push_str(text);
+    s.push('"');
 }
 
 /// A header value as a JSON string (empty when absent; invalid UTF-8 replaced).
 fn escape_value(out: &mut String, v: Option<&HeaderValue>) {
     let bytes = v.map_or(&b""[..], HeaderValue::as_bytes);
-    json_escape_into(out, &String::from_utf8_lossy(bytes));
+    match std::str::from_utf8(bytes) {
+        // The usual case: no replacement, so no copy.
+        Ok(text) => json_escape_into(out, text),
+        Err(_) => json_escape_into(out, &String::from_utf8_lossy(bytes)),
+    }
 }
 
 /// The path as upstream logs it (Go's `URL.Path`): percent-escapes decoded.

@@ -3,3 +3,4 @@
 pub mod access;
 pub mod log;
 pub mod metrics;
+pub mod text;

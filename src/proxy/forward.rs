@@ -18,16 +18,19 @@ use super::exchange::Exchange;
 use super::headers::{self, ForwardedFor};
 use super::keep_alive::{self, RUNGS};
 use super::pages::ErrorPages;
+use super::pool::{self, UpstreamError};
 use super::rejection::{Refused, Rejection};
-use super::retry::{self, TrackingConnector};
+use super::retry::{Replay, TrackingConnector};
 use crate::balancer::Target;
 use crate::options::TargetOptions;
 
-type UpstreamClient = Client<TrackingConnector, RequestBody>;
+type UpstreamClient = pool::Pool;
 type FreshClient = Client<HttpConnector, RequestBody>;
 
 /// How long an upstream connection may idle in the shared pool.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Idle connections kept per target.
+const POOL_MAX_IDLE: usize = 100;
 
 /// The upstream connection pools.
 #[derive(Clone)]
@@ -148,8 +151,7 @@ impl Forwarder {
             Ok(r) => return Ok(r),
             Err(e) => e,
         };
-        let Some(replay) = replay.filter(|r| retry::resend_after(&e, &r.method, &r.headers, true))
-        else {
+        let Some(replay) = replay.filter(|r| r.allowed_after(&*e)) else {
             return Err(SendError {
                 error: e,
                 resent: false,
@@ -157,15 +159,15 @@ impl Forwarder {
         };
         tracing::info!(
             "target" = target,
-            path = %replay.uri.path(),
+            path = %replay.path(),
             error = %describe(&e),
             "Resending request on a new connection"
         );
         self.fresh
-            .request(replay.into_request())
+            .request(replay.into_request(RequestBody::empty()))
             .await
             .map_err(|error| SendError {
-                error,
+                error: error.into(),
                 resent: true,
             })
     }
@@ -426,10 +428,11 @@ impl Forwarder {
 }
 
 fn pooled(connector: &HttpConnector, idle: Duration) -> UpstreamClient {
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(100)
-        .pool_idle_timeout(idle)
-        .build(TrackingConnector::new(connector.clone()))
+    pool::Pool::new(
+        TrackingConnector::new(connector.clone()),
+        idle,
+        POOL_MAX_IDLE,
+    )
 }
 
 /// The client a request goes through: two types, for an untracked fresh connection needs
@@ -441,45 +444,20 @@ enum Pool<'a> {
 }
 
 impl Pool<'_> {
-    fn request(self, req: Request<RequestBody>) -> hyper_util::client::legacy::ResponseFuture {
+    async fn request(self, req: Request<RequestBody>) -> Result<Response<Incoming>, BoxError> {
         match self {
-            Pool::Pooled(c) => c.request(req),
-            Pool::Fresh(c) => c.request(req),
+            Pool::Pooled(c) => c.send(req).await.map_err(|e: UpstreamError| e.into()),
+            Pool::Fresh(c) => c.request(req).await.map_err(Into::into),
         }
     }
 }
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 struct SendError {
-    error: hyper_util::client::legacy::Error,
+    error: BoxError,
     /// It was the second attempt.
     resent: bool,
-}
-
-/// What it takes to send a bodiless request again (the extensions are not kept: nothing
-/// below reads them).
-struct Replay {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-}
-
-impl Replay {
-    fn of(parts: &http::request::Parts) -> Self {
-        Replay {
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
-            headers: parts.headers.clone(),
-        }
-    }
-
-    fn into_request(self) -> Request<RequestBody> {
-        let mut req = Request::new(RequestBody::empty());
-        *req.method_mut() = self.method;
-        *req.uri_mut() = self.uri;
-        *req.headers_mut() = self.headers;
-        *req.version_mut() = Version::HTTP_11;
-        req
-    }
 }
 
 fn is_event_stream(h: &http::HeaderMap) -> bool {
@@ -491,8 +469,7 @@ fn is_event_stream(h: &http::HeaderMap) -> bool {
 
 /// Whether sending failed because reading the request body from the client failed (hyper
 /// reports errors of the body we hand it as "user" errors).
-fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
-    use std::error::Error;
+fn client_body_failed(e: &BoxError) -> bool {
     let mut source = e.source();
     while let Some(s) = source {
         if s.downcast_ref::<hyper::Error>()
@@ -505,8 +482,7 @@ fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
     false
 }
 
-fn describe(e: &hyper_util::client::legacy::Error) -> String {
-    use std::error::Error;
+fn describe(e: &BoxError) -> String {
     let mut msg = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

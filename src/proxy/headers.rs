@@ -15,31 +15,53 @@ static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
 /// Removes hop-by-hop headers, including any named in `Connection`.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(header::CONNECTION) {
+    // One pass over the names present, then a removal for each one found: a lookup for
+    // every hop-by-hop name cost more than the rest of the header work (bench/README.md).
+    let mut present = [false; HOP_BY_HOP.len()];
+    let mut any = false;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == name) {
+            present[i] = true;
+            any = true;
+        }
+    }
+    if !any {
+        return;
+    }
+    if present[0] {
+        // Names listed in `Connection` beyond the standard set (its tokens are mostly
+        // `keep-alive` or `upgrade`, which the set covers: then nothing is allocated).
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .map(str::trim)
+            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+            .filter(|n| !HOP_BY_HOP.contains(&n))
             .collect();
         for n in named {
             headers.remove(n);
         }
     }
-    for h in [
-        &header::CONNECTION,
-        &PROXY_CONNECTION,
-        &KEEP_ALIVE,
-        &header::PROXY_AUTHENTICATE,
-        &header::PROXY_AUTHORIZATION,
-        &header::TRAILER,
-        &header::TRANSFER_ENCODING,
-        &header::UPGRADE,
-    ] {
-        headers.remove(h);
+    for (h, here) in HOP_BY_HOP.iter().zip(present) {
+        if here {
+            headers.remove(*h);
+        }
     }
 }
+
+/// `Connection` first: [`remove_hop_by_hop`] reads it before removing it.
+static HOP_BY_HOP: [&HeaderName; 8] = [
+    &header::CONNECTION,
+    &PROXY_CONNECTION,
+    &KEEP_ALIVE,
+    &header::PROXY_AUTHENTICATE,
+    &header::PROXY_AUTHORIZATION,
+    &header::TRAILER,
+    &header::TRANSFER_ENCODING,
+    &header::UPGRADE,
+];
 
 /// `Upgrade` type requested by the client, if this is an upgrade request.
 pub fn upgrade_type(headers: &HeaderMap) -> Option<HeaderValue> {
@@ -71,7 +93,22 @@ pub struct ForwardedFor<'a> {
 /// Sets `X-Forwarded-For/-Host/-Proto` on the outbound headers (which still hold the
 /// client's values) following upstream's rules.
 pub fn set_forwarded(headers: &mut HeaderMap, f: &ForwardedFor<'_>) {
-    let proto = if f.tls { "https" } else { "http" };
+    headers.remove(&FORWARDED);
+    if !f.trust_client {
+        // Nothing the client sent is kept, and `insert` replaces every prior value: no
+        // need to read or remove them first.
+        if let Ok(v) = HeaderValue::from_str(f.client_ip) {
+            headers.insert(&X_FORWARDED_FOR, v);
+        } else {
+            headers.remove(&X_FORWARDED_FOR);
+        }
+        match f.host {
+            Some(h) => headers.insert(&X_FORWARDED_HOST, h.clone()),
+            None => headers.remove(&X_FORWARDED_HOST),
+        };
+        headers.insert(&X_FORWARDED_PROTO, proto_value(f.tls));
+        return;
+    }
     let prior_for: Vec<HeaderValue> = headers.get_all(&X_FORWARDED_FOR).iter().cloned().collect();
     let prior_host = headers
         .get(&X_FORWARDED_HOST)
@@ -81,12 +118,13 @@ pub fn set_forwarded(headers: &mut HeaderMap, f: &ForwardedFor<'_>) {
         .get(&X_FORWARDED_PROTO)
         .filter(|v| !v.is_empty())
         .cloned();
-    headers.remove(&FORWARDED);
     headers.remove(&X_FORWARDED_FOR);
     headers.remove(&X_FORWARDED_HOST);
     headers.remove(&X_FORWARDED_PROTO);
 
-    let xff = if f.trust_client && !prior_for.is_empty() {
+    let xff = if prior_for.is_empty() {
+        HeaderValue::from_str(f.client_ip).ok()
+    } else {
         let mut joined = Vec::new();
         for v in &prior_for {
             if !joined.is_empty() {
@@ -97,24 +135,21 @@ pub fn set_forwarded(headers: &mut HeaderMap, f: &ForwardedFor<'_>) {
         joined.extend_from_slice(b", ");
         joined.extend_from_slice(f.client_ip.as_bytes());
         HeaderValue::from_bytes(&joined).ok()
-    } else {
-        HeaderValue::from_str(f.client_ip).ok()
     };
     if let Some(v) = xff {
         headers.insert(&X_FORWARDED_FOR, v);
     }
-    let host = match (f.trust_client, prior_host) {
-        (true, Some(h)) => Some(h),
-        _ => f.host.cloned(),
-    };
-    if let Some(h) = host {
+    if let Some(h) = prior_host.or_else(|| f.host.cloned()) {
         headers.insert(&X_FORWARDED_HOST, h);
     }
-    let proto = match (f.trust_client, prior_proto) {
-        (true, Some(p)) => p,
-        _ => HeaderValue::from_static(proto),
-    };
-    headers.insert(&X_FORWARDED_PROTO, proto);
+    headers.insert(
+        &X_FORWARDED_PROTO,
+        prior_proto.unwrap_or_else(|| proto_value(f.tls)),
+    );
+}
+
+fn proto_value(tls: bool) -> HeaderValue {
+    HeaderValue::from_static(if tls { "https" } else { "http" })
 }
 
 /// `--client-ip-header`: when the request carries a non-empty `name`, its value replaces
@@ -151,44 +186,12 @@ pub fn set_target_header(headers: &mut HeaderMap, address: &str, trust_client: b
 }
 
 /// An IP address rendered on the stack: one is formatted for every proxied request
-/// (`X-Forwarded-For`), so it should not cost an allocation.
-pub struct IpText {
-    buf: [u8; 45],
-    len: usize,
-}
-
-impl IpText {
-    pub fn new(ip: std::net::IpAddr) -> Self {
-        use std::io::Write;
-        // 45 bytes hold the longest textual IPv6 address (IPv4-mapped form).
-        let mut buf = [0u8; 45];
-        let mut cursor = std::io::Cursor::new(&mut buf[..]);
-        let _ = write!(cursor, "{ip}");
-        let len = cursor.position() as usize;
-        IpText { buf, len }
-    }
-
-    pub fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
-    }
-}
+/// (`X-Forwarded-For`), so it costs no allocation.
+pub use crate::observe::text::IpText;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ip_text_matches_display() {
-        for ip in [
-            "127.0.0.1",
-            "::1",
-            "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255",
-            "2001:db8::42",
-        ] {
-            let ip: std::net::IpAddr = ip.parse().unwrap();
-            assert_eq!(IpText::new(ip).as_str(), ip.to_string());
-        }
-    }
 
     fn hv(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).unwrap()

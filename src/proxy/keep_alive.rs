@@ -15,8 +15,8 @@
 //! it had in the pool it left are never taken again and close with the app's timeout.
 
 use arc_swap::ArcSwap;
-use http::HeaderMap;
 use http::uri::Authority;
+use http::{HeaderMap, HeaderName};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +41,9 @@ const MAX_HOSTS: usize = 4096;
 
 /// The `timeout` an app announces in its `Keep-Alive` response header.
 pub(crate) fn announced_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get("keep-alive")?.to_str().ok()?;
+    // A static name: looking up a `&str` parses and hashes it on every response.
+    static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+    let value = headers.get(&KEEP_ALIVE)?.to_str().ok()?;
     value.split(',').find_map(|param| {
         let (name, secs) = param.split_once('=')?;
         if !name.trim().eq_ignore_ascii_case("timeout") {

@@ -9,6 +9,7 @@ pub mod forward;
 pub mod headers;
 mod keep_alive;
 pub mod pages;
+mod pool;
 pub mod rejection;
 mod retry;
 

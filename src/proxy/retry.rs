@@ -22,7 +22,7 @@
 //! before the first response byte, the I/O error it reports carries a [`ReusedConnectionClosed`],
 //! which [`resend_after`] finds in the error chain. Nothing is allocated unless that happens.
 
-use http::{HeaderMap, Method, Uri};
+use http::{HeaderName, HeaderValue, Method, Request, Uri, Version};
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::TokioIo;
 use std::error::Error as StdError;
@@ -35,28 +35,109 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Whether a request that failed with `err` may be sent again, once, on a new connection.
-/// `bodiless`: the request had no body to send.
+/// `idempotency_key`: it carries one; `bodiless`: it had no body to send.
 pub(crate) fn resend_after(
     err: &(dyn StdError + 'static),
     method: &Method,
-    headers: &HeaderMap,
+    idempotency_key: bool,
     bodiless: bool,
 ) -> bool {
-    closed_before_response(err).is_some_and(|c| may_resend(c.written, method, headers, bodiless))
+    closed_before_response(err)
+        .is_some_and(|c| may_resend(c.written, method, idempotency_key, bodiless))
 }
 
 /// Go's rule, for a request whose reused connection died before any response byte.
-fn may_resend(written: bool, method: &Method, headers: &HeaderMap, bodiless: bool) -> bool {
-    bodiless && (!written || replayable(method, headers))
+fn may_resend(written: bool, method: &Method, idempotency_key: bool, bodiless: bool) -> bool {
+    bodiless && (!written || replayable(method, idempotency_key))
 }
 
 /// Go's `Request.isReplayable` for a request without a body.
-fn replayable(method: &Method, headers: &HeaderMap) -> bool {
+fn replayable(method: &Method, idempotency_key: bool) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
-    ) || headers.contains_key("idempotency-key")
-        || headers.contains_key("x-idempotency-key")
+    ) || idempotency_key
+}
+
+/// Go's idempotency headers.
+fn is_idempotency_key(name: &HeaderName) -> bool {
+    name == "idempotency-key" || name == "x-idempotency-key"
+}
+
+/// What it takes to send a bodiless request again. Every bodiless request keeps one
+/// until its answer starts, and nearly none is used: its headers are copied into one
+/// buffer (one allocation, no reference counts to raise and drop) rather than cloned as
+/// a `HeaderMap` (bench/README.md). The extensions are not kept: nothing below reads them.
+pub(crate) struct Replay {
+    method: Method,
+    uri: Uri,
+    /// Each header as its name's length (u16, little end), its value's length (u32), the
+    /// name and the value.
+    headers: Vec<u8>,
+    idempotency_key: bool,
+}
+
+impl Replay {
+    pub(crate) fn of(parts: &http::request::Parts) -> Self {
+        let size: usize = parts
+            .headers
+            .iter()
+            .map(|(n, v)| 6 + n.as_str().len() + v.len())
+            .sum();
+        let mut headers = Vec::with_capacity(size);
+        let mut idempotency_key = false;
+        for (name, value) in &parts.headers {
+            let (n, v) = (name.as_str().as_bytes(), value.as_bytes());
+            // hyper refuses longer heads long before these bounds.
+            let (Ok(nl), Ok(vl)) = (u16::try_from(n.len()), u32::try_from(v.len())) else {
+                continue;
+            };
+            headers.extend_from_slice(&nl.to_le_bytes());
+            headers.extend_from_slice(&vl.to_le_bytes());
+            headers.extend_from_slice(n);
+            headers.extend_from_slice(v);
+            idempotency_key |= is_idempotency_key(name);
+        }
+        Replay {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            headers,
+            idempotency_key,
+        }
+    }
+
+    /// Whether [`resend_after`]'s rule lets this request go again after `err`.
+    pub(crate) fn allowed_after(&self, err: &(dyn StdError + 'static)) -> bool {
+        resend_after(err, &self.method, self.idempotency_key, true)
+    }
+
+    pub(crate) fn path(&self) -> &str {
+        self.uri.path()
+    }
+
+    /// The request again, with `body` (an empty one).
+    pub(crate) fn into_request<B>(self, body: B) -> Request<B> {
+        let mut req = Request::new(body);
+        let headers = req.headers_mut();
+        let mut rest = &self.headers[..];
+        while rest.len() >= 6 {
+            let nl = usize::from(u16::from_le_bytes([rest[0], rest[1]]));
+            let vl = u32::from_le_bytes([rest[2], rest[3], rest[4], rest[5]]) as usize;
+            let Some(entry) = rest.get(6..6 + nl + vl) else {
+                break;
+            };
+            let (n, v) = entry.split_at(nl);
+            // Both were a valid name and value when copied.
+            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n), HeaderValue::from_bytes(v)) {
+                headers.append(n, v);
+            }
+            rest = &rest[6 + nl + vl..];
+        }
+        *req.method_mut() = self.method;
+        *req.uri_mut() = self.uri;
+        *req.version_mut() = Version::HTTP_11;
+        req
+    }
 }
 
 /// Our mark in the error chain: hyper wraps the `io::Error` [`Tracked`] returns, whose
@@ -284,29 +365,33 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
+    fn headers(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
         for (k, v) in pairs {
             h.insert(*k, http::HeaderValue::from_static(v));
         }
         h
     }
 
+    fn keyed(h: &http::HeaderMap) -> bool {
+        h.keys().any(is_idempotency_key)
+    }
+
     #[test]
     fn written_requests_are_resent_only_when_replayable_and_bodiless() {
-        let none = HeaderMap::new();
+        let none = false;
         for m in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
-            assert!(may_resend(true, &m, &none, true), "{m}");
-            assert!(!may_resend(true, &m, &none, false), "{m} with a body");
+            assert!(may_resend(true, &m, none, true), "{m}");
+            assert!(!may_resend(true, &m, none, false), "{m} with a body");
         }
         for m in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
-            assert!(!may_resend(true, &m, &none, true), "{m}");
+            assert!(!may_resend(true, &m, none, true), "{m}");
         }
         for key in ["idempotency-key", "x-idempotency-key"] {
             let h = headers(&[(key, "k1")]);
-            assert!(may_resend(true, &Method::POST, &h, true), "{key}");
+            assert!(may_resend(true, &Method::POST, keyed(&h), true), "{key}");
             assert!(
-                !may_resend(true, &Method::POST, &h, false),
+                !may_resend(true, &Method::POST, keyed(&h), false),
                 "{key} with a body"
             );
         }
@@ -314,18 +399,18 @@ mod tests {
 
     #[test]
     fn unwritten_requests_are_resent_whatever_the_method_unless_they_have_a_body() {
-        let none = HeaderMap::new();
+        let none = false;
         for m in [Method::GET, Method::POST, Method::DELETE, Method::PATCH] {
-            assert!(may_resend(false, &m, &none, true), "{m}");
-            assert!(!may_resend(false, &m, &none, false), "{m} with a body");
+            assert!(may_resend(false, &m, none, true), "{m}");
+            assert!(!may_resend(false, &m, none, false), "{m} with a body");
         }
     }
 
     #[test]
     fn only_our_mark_allows_a_resend() {
-        let none = HeaderMap::new();
+        let none = false;
         let plain = io::Error::new(io::ErrorKind::ConnectionReset, "reset");
-        assert!(!resend_after(&plain, &Method::GET, &none, true));
+        assert!(!resend_after(&plain, &Method::GET, none, true));
         let marked = io::Error::new(
             io::ErrorKind::ConnectionReset,
             ReusedConnectionClosed {
@@ -333,8 +418,8 @@ mod tests {
                 cause: Some(plain),
             },
         );
-        assert!(resend_after(&marked, &Method::GET, &none, true));
-        assert!(!resend_after(&marked, &Method::POST, &none, true));
+        assert!(resend_after(&marked, &Method::GET, none, true));
+        assert!(!resend_after(&marked, &Method::POST, none, true));
         // Found below other errors, as hyper-util and hyper wrap it.
         #[derive(Debug)]
         struct Outer(io::Error);
@@ -348,7 +433,33 @@ mod tests {
                 Some(&self.0)
             }
         }
-        assert!(resend_after(&Outer(marked), &Method::HEAD, &none, true));
+        assert!(resend_after(&Outer(marked), &Method::HEAD, none, true));
+    }
+
+    #[test]
+    fn a_replay_is_the_same_request_again() {
+        let req = Request::builder()
+            .method(Method::DELETE)
+            .uri("http://127.0.0.1:3000/a/b?c=d")
+            .header("host", "example.com")
+            .header("x-forwarded-for", "10.0.0.1")
+            .header("accept", "text/html")
+            .header("accept", "*/*")
+            .header("X-Idempotency-Key", "k1")
+            .body(())
+            .unwrap();
+        let (parts, ()) = req.into_parts();
+        let replay = Replay::of(&parts);
+        assert!(replay.idempotency_key);
+        assert_eq!(replay.path(), "/a/b");
+        let again = replay.into_request(());
+        assert_eq!(again.method(), Method::DELETE);
+        assert_eq!(again.uri(), &parts.uri);
+        assert_eq!(again.headers(), &parts.headers);
+        assert_eq!(again.version(), Version::HTTP_11);
+        let plain = Replay::of(&Request::new(()).into_parts().0);
+        assert!(!plain.idempotency_key);
+        assert!(plain.into_request(()).headers().is_empty());
     }
 
     /// A request/response on `Tracked`, the app side driven by hand.

@@ -325,16 +325,16 @@ fn ensure_request_start(req: &mut Request<Incoming>) {
     }
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0);
-    // `t=` and at most 39 digits: formatted on the stack, copied once into the header.
-    let mut buf = [0u8; 48];
-    let mut rest = &mut buf[..];
-    if std::io::Write::write_fmt(&mut rest, format_args!("t={ms}")).is_ok() {
-        let len = 48 - rest.len();
-        if let Ok(v) = HeaderValue::from_bytes(&buf[..len]) {
-            req.headers_mut().insert(&X_REQUEST_START, v);
-        }
+    // `t=` and the digits, formatted on the stack and copied once into the header.
+    let digits = crate::observe::text::Decimal::new(ms);
+    let mut buf = [0u8; 22];
+    buf[..2].copy_from_slice(b"t=");
+    let len = 2 + digits.as_bytes().len();
+    buf[2..len].copy_from_slice(digits.as_bytes());
+    if let Ok(v) = HeaderValue::from_bytes(&buf[..len]) {
+        req.headers_mut().insert(&X_REQUEST_START, v);
     }
 }
 

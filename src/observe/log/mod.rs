@@ -46,13 +46,15 @@
 /// Lines the log writer thread may fall behind by before loggers wait.
 const LOG_QUEUE_LINES: usize = 8192;
 
+mod batch;
 mod event;
 mod json;
 mod time;
 
+pub use batch::{flush_thread, thread_idle, thread_stopping, write_line};
 pub use event::SlogJson;
 pub use json::json_escape_into;
-pub use time::rfc3339_nano_utc;
+pub use time::{push_rfc3339_nano_utc, rfc3339_nano_utc};
 
 use tracing::{Level, Subscriber};
 use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
@@ -102,9 +104,14 @@ pub fn init(debug: bool) -> WorkerGuard {
             64 * 1024,
             std::io::stdout(),
         ));
+    // Access lines are batched per thread (see `batch`) and reach the same writer thread;
+    // other events first push out their thread's batch, so each thread's lines keep
+    // their order.
+    batch::set_sink(writer.clone());
     // Ignoring the error keeps the first subscriber; the new writer thread
     // then simply idles until the guard is dropped.
-    let _ = tracing::subscriber::set_global_default(build_subscriber(debug, writer));
+    let _ =
+        tracing::subscriber::set_global_default(build_subscriber(debug, batch::InOrder(writer)));
     guard
 }
 

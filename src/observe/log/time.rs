@@ -14,6 +14,11 @@ pub fn rfc3339_nano_utc(t: SystemTime) -> String {
     out
 }
 
+/// Appends [`rfc3339_nano_utc`] to `out`.
+pub fn push_rfc3339_nano_utc(out: &mut String, t: SystemTime) {
+    let _ = write_rfc3339_nano_utc(out, t);
+}
+
 /// Writes [`rfc3339_nano_utc`] without allocating.
 ///
 /// Always UTC (`Z`): the upstream Docker image has no local zone, so slog
@@ -41,6 +46,36 @@ pub(super) fn write_rfc3339_nano_utc<W: fmt::Write + ?Sized>(
     let days = secs.div_euclid(86_400);
     let second_of_day = secs.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);
+    if (0..=9999).contains(&year) {
+        // Every line carries a time stamp: digits by hand rather than through `fmt`.
+        let mut buf = *b"0000-00-00T00:00:00.000000000Z";
+        let mut put = |at: usize, width: usize, mut n: u64| {
+            for i in (at..at + width).rev() {
+                buf[i] = b'0' + (n % 10) as u8;
+                n /= 10;
+            }
+        };
+        put(0, 4, year as u64);
+        put(5, 2, u64::from(month));
+        put(8, 2, u64::from(day));
+        put(11, 2, (second_of_day / 3600) as u64);
+        put(14, 2, (second_of_day / 60 % 60) as u64);
+        put(17, 2, (second_of_day % 60) as u64);
+        let len = if nanos == 0 {
+            19
+        } else {
+            put(20, 9, u64::from(nanos));
+            // Trailing zeros of the fraction are dropped, as Go does.
+            let mut end = 29;
+            while buf[end - 1] == b'0' {
+                end -= 1;
+            }
+            end
+        };
+        buf[len] = b'Z';
+        // Only ASCII digits and separators were written.
+        return out.write_str(std::str::from_utf8(&buf[..=len]).unwrap_or(""));
+    }
     write!(
         out,
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",

@@ -54,7 +54,8 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || !s.is_ascii() {
+    // Hex digits only: `from_str_radix` alone would also take a sign (`+f`).
+    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..s.len())
@@ -228,6 +229,15 @@ mod tests {
         let salt = "00".repeat(16);
         assert_eq!(
             e(&format!("sha256:{salt}:abcd")),
+            "basic auth credential has an unreadable digest"
+        );
+        // A sign is not a hex digit (`+f` was read as 0x0f; found writing the property tests).
+        assert_eq!(
+            e(&format!("sha256:+0{}:{}", "00".repeat(15), "00".repeat(32))),
+            "basic auth credential has an unreadable salt"
+        );
+        assert_eq!(
+            e(&format!("sha256:{salt}:+0{}", "00".repeat(31))),
             "basic auth credential has an unreadable digest"
         );
     }

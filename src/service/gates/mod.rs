@@ -225,6 +225,11 @@ pub fn validate(o: &ServiceOptions) -> Result<(), String> {
         if o.rate_limit_burst > i64::from(u32::MAX) {
             return Err("rate-limit-burst is too large".into());
         }
+        // Past this the limiter's clock overflows (a panic at deploy and at every restore).
+        let burst = u32::try_from(o.rate_limit_burst).unwrap_or(u32::MAX);
+        if rate_limit::refill_secs(o.rate_limit, burst) > rate_limit::MAX_REFILL.as_secs_f64() {
+            return Err("rate-limit is too low for its burst: a spent budget (burst / rate) must refill within 10 years".into());
+        }
         if !o.client_ip_header.is_empty() && o.trusted_proxies.is_empty() {
             return Err("rate-limit with client-ip-header requires trusted-proxy, or the header would be ignored while appearing to be honored".into());
         }
@@ -399,6 +404,20 @@ mod tests {
             }),
             format!("{p}rate-limit-burst cannot be negative")
         );
+        // A rate whose budget would take centuries to refill overflowed the limiter's
+        // clock: a panic at deploy (found writing the property tests).
+        for (rate, burst) in [(1e-20, 0), (1e-3, i64::from(u32::MAX))] {
+            assert_eq!(
+                v(ServiceOptions {
+                    rate_limit: rate,
+                    rate_limit_burst: burst,
+                    ..base()
+                }),
+                format!(
+                    "{p}rate-limit is too low for its burst: a spent budget (burst / rate) must refill within 10 years"
+                )
+            );
+        }
         assert!(v(ServiceOptions { rate_limit: 1.0, client_ip_header: "X-Real-IP".into(), ..base() })
             .ends_with("rate-limit with client-ip-header requires trusted-proxy, or the header would be ignored while appearing to be honored"));
         assert_eq!(

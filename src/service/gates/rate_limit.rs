@@ -25,6 +25,26 @@ use std::time::Duration;
 use super::client_ip::{IpList, normalize};
 
 pub const MAX_TRACKED_CLIENTS: usize = 50_000;
+
+/// The longest a spent budget may take to refill in full (burst ÷ rate). governor keeps
+/// its times as `u64` nanoseconds (584 years) and panics or wraps past them; a decade is
+/// far beyond any real limit and leaves the rest for the proxy's uptime.
+pub const MAX_REFILL: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
+
+/// The burst a limiter uses: `burst`, or `max(1, ceil(rate))` when it is zero, as the fork.
+pub fn effective_burst(rate: f64, burst: u32) -> u32 {
+    if burst == 0 {
+        rate.ceil().clamp(1.0, f64::from(u32::MAX)) as u32
+    } else {
+        burst
+    }
+}
+
+/// Seconds a spent budget takes to refill in full; validation refuses more than
+/// [`MAX_REFILL`].
+pub fn refill_secs(rate: f64, burst: u32) -> f64 {
+    f64::from(effective_burst(rate, burst)) / rate
+}
 const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The identity a budget belongs to: the whole IPv4 address (as its mapped IPv6 form), or
@@ -131,13 +151,15 @@ pub struct RateLimit {
 impl RateLimit {
     /// `rate` is requests per second (> 0, may be fractional); a zero `burst` means
     /// `max(1, ceil(rate))`, as the fork.
+    ///
+    /// Validation keeps a full refill within [`MAX_REFILL`]; a stored value past it (a
+    /// hand-edited state file) is clamped there rather than overflowing governor's clock.
     pub fn new(rate: f64, burst: u32, exempt: IpList) -> RateLimit {
-        let burst = if burst == 0 {
-            rate.ceil().clamp(1.0, f64::from(u32::MAX)) as u32
-        } else {
-            burst
-        };
-        let period = Duration::from_secs_f64(1.0 / rate).max(Duration::from_nanos(1));
+        let period = Duration::try_from_secs_f64(1.0 / rate)
+            .unwrap_or(MAX_REFILL)
+            .clamp(Duration::from_nanos(1), MAX_REFILL);
+        let most = MAX_REFILL.as_nanos() / period.as_nanos();
+        let burst = effective_burst(rate, burst).min(u32::try_from(most).unwrap_or(u32::MAX));
         let quota = Quota::with_period(period)
             .unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN))
             .allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN));
@@ -237,6 +259,32 @@ mod tests {
         assert!(l.allow(ip("192.0.2.1")));
         assert!(!l.allow(ip("192.0.2.1")));
         assert_eq!(l.retry_after_secs(), 1);
+    }
+
+    /// Rates and bursts that validation refuses, as a hand-edited state file may still
+    /// hold them: governor's clock overflowed (a panic, the proxy down at restore).
+    #[tokio::test(start_paused = true)]
+    async fn extreme_stored_rates_are_clamped_not_a_panic() {
+        for (rate, burst) in [
+            (1e-30, 0),
+            (f64::MIN_POSITIVE, 0),
+            (1e-3, u32::MAX),
+            (1e300, 0),
+            (1e300, u32::MAX),
+            (0.5, u32::MAX),
+        ] {
+            let l = RateLimit::new(rate, burst, IpList::default());
+            assert!(l.allow(ip("192.0.2.1")), "rate {rate} burst {burst}");
+            assert!(l.retry_after_secs() >= 1);
+        }
+        let l = RateLimit::new(1e-30, 0, IpList::default());
+        assert!(l.allow(ip("192.0.2.1")));
+        assert!(
+            !l.allow(ip("192.0.2.1")),
+            "one request, then the (clamped) decade"
+        );
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert!(!l.allow(ip("192.0.2.1")));
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,7 +3,7 @@
 
 use http::{Request, StatusCode};
 
-use super::rules::{RuleSet, encode_path, is_full_url, split_query};
+use super::rules::{RuleSet, encode_path, is_full_url};
 use crate::observe::access::decoded_path;
 use crate::options::ServiceOptions;
 use crate::service::{host_without_port, request_host};
@@ -30,24 +30,29 @@ pub fn location<B>(
 
     if !rules.is_empty() {
         let path = decoded_path(req.uri().path());
-        if let Some((expanded, status)) = rules.apply(&path) {
-            let query = req.uri().query();
-            let location = if is_full_url(&expanded) {
-                match (split_query(&expanded), query) {
-                    ((_, None), Some(q)) => format!("{expanded}?{q}"),
-                    _ => expanded.clone(),
-                }
+        if let Some(expanded) = rules.apply(&path) {
+            let status = expanded.status;
+            let query = expanded.query.as_deref().or(req.uri().query());
+            // Encoded either way: a capture carries the client's decoded text.
+            let mut location = if is_full_url(&expanded.path) {
+                // The scheme and authority as the operator wrote them (an IPv6 literal
+                // keeps its brackets), the path encoded.
+                let after_scheme = expanded.path.find("://").map_or(0, |i| i + 3);
+                let path_at = expanded.path[after_scheme..]
+                    .find('/')
+                    .map_or(expanded.path.len(), |i| after_scheme + i);
+                let (origin, path) = expanded.path.split_at(path_at);
+                format!("{origin}{}", encode_path(path))
             } else {
                 // Always rebuilt on this scheme and host, so a captured `//evil.com` stays
                 // a path here.
-                let (new_path, own_query) = split_query(&expanded);
-                let mut l = format!("{scheme}://{target_host}{}", encode_path(new_path));
-                if let Some(q) = own_query.or(query) {
-                    l.push('?');
-                    l.push_str(q);
-                }
-                l
+                format!("{scheme}://{target_host}{}", encode_path(&expanded.path))
             };
+            if let Some(q) = query {
+                location.push('?');
+                location.push_str(q);
+            }
+            let query = req.uri().query();
             let current = {
                 let mut c = format!(
                     "{}://{raw_host}{}",
@@ -153,6 +158,35 @@ mod tests {
             Some((
                 StatusCode::MOVED_PERMANENTLY,
                 "http://a.com//evil.com".into()
+            ))
+        );
+    }
+
+    /// A client's path, decoded and expanded into a rule's replacement, put a multi-byte
+    /// character across `https://`'s length: the full-URL check sliced the text there and
+    /// panicked, which in a release build (panic = abort) took the whole proxy down.
+    #[test]
+    fn a_multibyte_path_cannot_panic_the_redirect() {
+        let r = rules(&["/old(.*)=/new$1"]);
+        assert_eq!(
+            location(&req("a.com", "/oldab%C3%A9"), &opts(), &r, false),
+            Some((
+                StatusCode::MOVED_PERMANENTLY,
+                "http://a.com/newab%C3%A9".into()
+            ))
+        );
+    }
+
+    /// Captured text is encoded in a full URL's path too (a newline made the `Location`
+    /// an invalid header, so the redirect went out without one).
+    #[test]
+    fn full_url_captures_are_encoded() {
+        let r = rules(&["/docs/((?s).*)=https://[::1]:8443/d/$1?from=$1"]);
+        assert_eq!(
+            location(&req("a.com", "/docs/a%0Ab%3Fc"), &opts(), &r, false),
+            Some((
+                StatusCode::MOVED_PERMANENTLY,
+                "https://[::1]:8443/d/a%0Ab%3Fc?from=a%0Ab?c".into()
             ))
         );
     }

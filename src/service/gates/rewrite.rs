@@ -4,7 +4,7 @@
 
 use http::uri::PathAndQuery;
 
-use super::rules::{RuleSet, encode_path, split_query};
+use super::rules::{RuleSet, encode_path};
 use crate::observe::access::decoded_path;
 use crate::service::routed_path;
 
@@ -20,11 +20,10 @@ pub fn rewrite(
     if rules.is_empty() {
         return None;
     }
-    let (expanded, _) = rules.apply(&decoded_path(path))?;
-    let (new_path, own_query) = split_query(&expanded);
-    let encoded = encode_path(new_path);
+    let expanded = rules.apply(&decoded_path(path))?;
+    let encoded = encode_path(&expanded.path);
     let routed = routed_path(&encoded, prefix, strip);
-    let s = match own_query.or(query) {
+    let s = match expanded.query.as_deref().or(query) {
         Some(q) => format!("{routed}?{q}"),
         None => routed.into_owned(),
     };
@@ -56,6 +55,16 @@ mod tests {
             "/search?x=1"
         );
         assert!(rewrite(&r, "/other", None, "/", true).is_none());
+    }
+
+    /// A client's `%3F` stays in the path the target sees, with the client's query.
+    #[test]
+    fn an_encoded_question_mark_stays_in_the_path() {
+        let r = rules(&["/old/(.*)=/new/$1"]);
+        assert_eq!(
+            rewrite(&r, "/old/a%3Fadmin=1", Some("k=v"), "/", true).unwrap(),
+            "/new/a%3Fadmin=1?k=v"
+        );
     }
 
     #[test]

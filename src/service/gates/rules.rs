@@ -22,7 +22,19 @@ impl Kind {
 #[derive(Debug, Clone)]
 pub struct Rule {
     pattern: Regex,
-    replacement: String,
+    /// The replacement's path and its own query, split before expansion: a `?` the
+    /// client sent (as `%3F`) and a capture carried into the path stays in the path.
+    path: String,
+    query: Option<String>,
+    pub status: u16,
+}
+
+/// What a matching rule expands to. The path is decoded text (`encode_path` it for the
+/// wire); the query is ready for the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expansion {
+    pub path: String,
+    pub query: Option<String>,
     pub status: u16,
 }
 
@@ -43,7 +55,7 @@ impl RuleSet {
     }
 
     /// The first rule matching the whole `path`, expanded, with its status.
-    pub fn apply(&self, path: &str) -> Option<(String, u16)> {
+    pub fn apply(&self, path: &str) -> Option<Expansion> {
         self.0.iter().find_map(|rule| {
             // A miss (the usual case) costs no allocation for capture slots.
             if !rule.pattern.is_match(path) {
@@ -51,8 +63,17 @@ impl RuleSet {
             }
             let caps = rule.pattern.captures(path)?;
             let mut out = String::new();
-            caps.expand(&rule.replacement, &mut out);
-            Some((out, rule.status))
+            caps.expand(&rule.path, &mut out);
+            let query = rule.query.as_ref().map(|q| {
+                let mut expanded = String::new();
+                caps.expand(q, &mut expanded);
+                encode_query(&expanded)
+            });
+            Some(Expansion {
+                path: out,
+                query,
+                status: rule.status,
+            })
         })
     }
 }
@@ -103,15 +124,21 @@ fn parse_rule(rule: &str, kind: Kind) -> Result<Rule, String> {
             regex_error(&e)
         )
     })?;
+    let (path, query) = split_query(replacement);
     Ok(Rule {
         pattern: compiled,
-        replacement: replacement.to_string(),
+        path: path.to_string(),
+        query: query.map(str::to_string),
         status,
     })
 }
 
 pub fn is_full_url(s: &str) -> bool {
-    ["http://", "https://"]
+    // Compared as bytes: the expanded replacement carries the client's decoded path, and
+    // slicing the `str` at the scheme's length could cut a multi-byte character (a panic
+    // a client could trigger at will).
+    let s = s.as_bytes();
+    [&b"http://"[..], &b"https://"[..]]
         .iter()
         .any(|scheme| s.len() > scheme.len() && s[..scheme.len()].eq_ignore_ascii_case(scheme))
 }
@@ -164,7 +191,21 @@ pub fn encode_path(path: &str) -> String {
     out
 }
 
-/// Splits an expanded replacement into its path and its own query, if it has one.
+/// Percent-encodes what cannot appear raw in a query (a capture carries decoded text:
+/// spaces, control characters, non-ASCII), leaving the query's own syntax alone.
+pub fn encode_query(query: &str) -> String {
+    let mut out = String::with_capacity(query.len());
+    for c in query.chars() {
+        if c == '?' {
+            out.push(c);
+        } else {
+            out.push_str(&encode_path(c.encode_utf8(&mut [0; 4])));
+        }
+    }
+    out
+}
+
+/// Splits a replacement into its path and its own query, if it has one.
 pub fn split_query(s: &str) -> (&str, Option<&str>) {
     match s.split_once('?') {
         Some((p, q)) => (p, Some(q)),
@@ -184,6 +225,34 @@ mod tests {
         .unwrap()
     }
 
+    fn expansion(path: &str, query: Option<&str>, status: u16) -> Expansion {
+        Expansion {
+            path: path.into(),
+            query: query.map(Into::into),
+            status,
+        }
+    }
+
+    /// A `?` in what the client sent (`%3F`, decoded before matching) stays part of the
+    /// path: splitting the expansion made it a query separator, so a client could replace
+    /// the query the target sees (found by the property tests). Captures in the
+    /// replacement's own query are encoded for the wire.
+    #[test]
+    fn captured_text_never_becomes_a_query() {
+        let s = set(
+            &["/old/(.*)=/new/$1", "/q/(.*)=/search?q=$1"],
+            Kind::Rewrite,
+        );
+        assert_eq!(
+            s.apply("/old/a?admin=1"),
+            Some(expansion("/new/a?admin=1", None, 301))
+        );
+        assert_eq!(
+            s.apply("/q/a b\u{e9}#x"),
+            Some(expansion("/search", Some("q=a%20b%C3%A9%23x"), 301))
+        );
+    }
+
     fn err(rule: &str, kind: Kind) -> String {
         RuleSet::parse(&[rule.to_string()], kind).unwrap_err()
     }
@@ -191,11 +260,11 @@ mod tests {
     #[test]
     fn grammar() {
         let s = set(&["/old/(.*)=/new/$1;status=308", "/a=/b=c"], Kind::Redirect);
-        assert_eq!(s.apply("/old/x/y"), Some(("/new/x/y".into(), 308)));
+        assert_eq!(s.apply("/old/x/y"), Some(expansion("/new/x/y", None, 308)));
         // Split at the first `=`: the pattern is "/a", the replacement "/b=c".
-        assert_eq!(s.apply("/a"), Some(("/b=c".into(), 301)));
+        assert_eq!(s.apply("/a"), Some(expansion("/b=c", None, 301)));
         let s = set(&["/a=/b;status=x"], Kind::Redirect);
-        assert_eq!(s.apply("/a"), Some(("/b;status=x".into(), 301)));
+        assert_eq!(s.apply("/a"), Some(expansion("/b;status=x", None, 301)));
     }
 
     #[test]
@@ -204,9 +273,9 @@ mod tests {
             &["/blog=/news", "/blog/(.*)=/news/$1", "/.*=/all"],
             Kind::Rewrite,
         );
-        assert_eq!(s.apply("/blog").unwrap().0, "/news");
-        assert_eq!(s.apply("/blog/1").unwrap().0, "/news/1");
-        assert_eq!(s.apply("/x/blog").unwrap().0, "/all");
+        assert_eq!(s.apply("/blog").unwrap().path, "/news");
+        assert_eq!(s.apply("/blog/1").unwrap().path, "/news/1");
+        assert_eq!(s.apply("/x/blog").unwrap().path, "/all");
         assert!(
             set(&["/blog=/news"], Kind::Rewrite)
                 .apply("/blogs")
@@ -247,6 +316,20 @@ mod tests {
             "redirect status must be one of 301, 302, 303, 307, 308, got 200"
         );
         assert!(RuleSet::parse(&["/x=https://a.com/y;status=302".into()], Kind::Redirect).is_ok());
+    }
+
+    /// A replacement with a multi-byte character across the scheme's length panicked
+    /// (found while writing the `rules` fuzz target, which now covers it).
+    #[test]
+    fn full_url_check_on_multibyte_text() {
+        assert!(!is_full_url("http:/\u{e9}\u{e9}"));
+        assert!(!is_full_url("/abcde\u{e9}x"));
+        assert!(!is_full_url("https:/\u{1F600}"));
+        assert!(is_full_url("HTTPS://\u{e9}"));
+        assert_eq!(
+            err("/x=http:/\u{e9}\u{e9}", Kind::Redirect),
+            "redirect replacement must be an absolute path or a full URL, got \"http:/\u{e9}\u{e9}\""
+        );
     }
 
     #[test]

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Instructions per request by component, from a callgrind dump (bench/callgrind.sh).
+
+    bench/cg_breakdown.py <callgrind.out> <requests>
+
+Inclusive costs of the functions that bound each component, divided by the request count.
+With LTO, inlined code is charged to the function it was inlined into, so the figures are
+approximate (a few percent); the allocator line is the self cost of libc's malloc family,
+which every other line also includes.
+"""
+import re
+import subprocess
+import sys
+
+path, requests = sys.argv[1], int(sys.argv[2])
+out = subprocess.run(
+    ["callgrind_annotate", "--inclusive=yes", "--threshold=100", path],
+    capture_output=True, text=True, check=True).stdout
+self_out = subprocess.run(
+    ["callgrind_annotate", "--threshold=100", path],
+    capture_output=True, text=True, check=True).stdout
+
+line_re = re.compile(r"^\s*([\d,]+) \([ \d.]+%\)\s+(.*?):(.*?)(?: \[.*\])?$")
+
+
+def table(text):
+    rows = []
+    for line in text.splitlines():
+        m = line_re.match(line)
+        if m:
+            rows.append((int(m.group(1).replace(",", "")), m.group(2), m.group(3)))
+    return rows
+
+
+incl, selfc = table(out), table(self_out)
+total = next(int(l.split()[0].replace(",", "")) for l in out.splitlines() if "PROGRAM TOTALS" in l)
+
+
+def inclusive(pattern):
+    """Largest inclusive cost among the entries of functions matching `pattern`."""
+    r = re.compile(pattern)
+    return max((c for c, _, f in incl if r.search(f)), default=0)
+
+
+def self_cost(file_pattern):
+    r = re.compile(file_pattern)
+    return sum(c for c, f, _ in selfc if r.search(f))
+
+
+conn_task = inclusive(r"^kamal_proxy::server::accept_loop::\{\{closure\}\}::\{\{closure\}\}$")
+handle = inclusive(r"^kamal_proxy::server::handle::\{\{closure\}\}$")
+body_drop = inclusive(r"^core::ptr::drop_in_place<kamal_proxy::proxy::body::ResponseBody>$")
+log_line = inclusive(r"^kamal_proxy::observe::access::log_request$")
+log_writer = inclusive(r"^tracing_appender::worker::Worker<T>::work$")
+# hyper-util's client, or ours (whose `send` is inlined into the pipeline: its take and
+# give-back are what it adds to hyper's connection).
+client = max(inclusive(r"^hyper_util::client::legacy::client::Client<C,B>::send_request::\{\{closure\}\}$"),
+             inclusive(r"^kamal_proxy::proxy::pool::Inner::take$")
+             + inclusive(r"^kamal_proxy::proxy::pool::Inner::give_back$"))
+upstream_conn = max(
+    inclusive(r"^<hyper::client::conn::http1::upgrades::UpgradeableConnection<I,B> as core::future::future::Future>::poll$"),
+    inclusive(r"^<hyper::client::conn::http1::Connection<T,B> as core::future::future::Future>::poll$"),
+    inclusive(r"^kamal_proxy::proxy::pool::Pool::connect::\{\{closure\}\}::\{\{closure\}\}$"))
+headers = sum(inclusive(p) for p in [
+    r"^kamal_proxy::proxy::headers::remove_hop_by_hop$",
+    r"^kamal_proxy::proxy::headers::set_forwarded$",
+    r"^kamal_proxy::proxy::headers::set_target_header$",
+    r"^kamal_proxy::server::ensure_request_id$",
+    r"^kamal_proxy::server::ensure_request_start$",
+    r"^kamal_proxy::server::access_record$",
+])
+retry = sum(inclusive(p) for p in [
+    r"^kamal_proxy::proxy::forward::Replay::of$",
+    r"^kamal_proxy::proxy::retry::Replay::of$",
+    r"^core::ptr::drop_in_place<kamal_proxy::proxy::forward::Replay>$",
+    r"^core::ptr::drop_in_place<kamal_proxy::proxy::retry::Replay>$",
+    r"^kamal_proxy::proxy::keep_alive::Hosts::rung$",
+    r"^kamal_proxy::proxy::keep_alive::Hosts::learn$",
+])
+metrics = inclusive(r"^kamal_proxy::observe::metrics::ServiceMetrics::record$")
+alloc = self_cost(r"malloc/(malloc|arena)\.c")
+memcpy = self_cost(r"memmove|memcpy")
+pipeline = handle - client - headers - retry
+
+rows = [
+    ("total (all threads)", total),
+    ("hyper server: client connection, parse, encode (minus our handler and response body)",
+     conn_task - handle - body_drop),
+    ("our pipeline: routing, gates, forward (minus client, headers, retry)", pipeline),
+    ("upstream client: pool checkout/checkin, send", client),
+    ("upstream connection task: encode, parse, I/O", upstream_conn),
+    ("header building: request id, X-Request-Start, X-Forwarded-*, hop-by-hop, access record", headers),
+    ("retry + keep-alive: replay copy, rung look-up, Keep-Alive learn", retry),
+    ("metrics (off unless --metrics-port)", metrics),
+    ("access log: the line (request side)", log_line),
+    ("access log: writer thread", log_writer),
+    ("response body drop (exchange end, incl. access line)", body_drop),
+    ("allocator (libc malloc/free self cost, inside the above)", alloc),
+    ("memcpy (future moves, buffers; inside the above)", memcpy),
+]
+print(f"requests: {requests}")
+for name, cost in rows:
+    print(f"{cost / requests:10.0f}  {name}")

@@ -1,0 +1,22 @@
+//! Flag values with pflag's Go semantics.
+#![no_main]
+
+use kamal_proxy::cli::values::{duration, float64, go_bool, go_quote, int64, port};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|text: &str| {
+    let _ = go_bool(text);
+    if let Ok(v) = int64(text) {
+        assert_eq!(int64(&v.to_string()), Ok(v));
+    }
+    if let Ok(f) = float64(text) {
+        assert!(f.is_finite());
+        assert_eq!(float64(&f.to_string()).map(f64::to_bits), Ok(f.to_bits()));
+    }
+    if let Ok(p) = port(text) {
+        assert_eq!(port(&p.to_string()), Ok(p));
+    }
+    let _ = duration(text);
+    let quoted = go_quote(text);
+    assert!(quoted.starts_with('"') && quoted.ends_with('"'));
+});

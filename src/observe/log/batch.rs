@@ -1,0 +1,132 @@
+//! Log lines gathered per thread and handed to the writer thread in batches.
+//!
+//! Every request writes an access line. Sending each line through the writer thread's
+//! channel on its own cost an allocation, a copy and often a wake-up of that thread per
+//! request (bench/README.md). A runtime worker instead appends its lines to a buffer of
+//! its own and hands the buffer over when it goes idle (tokio's `on_thread_park`), when the
+//! buffer passes [`BATCH_BYTES`], or before any other log line of that thread, so one
+//! thread's lines keep their order. Threads that are not runtime workers (they never
+//! report going idle) hand each line over at once, as before.
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::sync::OnceLock;
+use tracing_appender::non_blocking::NonBlocking;
+
+/// A worker hands its lines over once they fill this much, even while busy.
+const BATCH_BYTES: usize = 16 * 1024;
+
+/// The writer thread's channel; unset in programs that never called `log::init` (the
+/// lines then go straight to stdout).
+static SINK: OnceLock<NonBlocking> = OnceLock::new();
+
+pub(super) fn set_sink(sink: NonBlocking) {
+    let _ = SINK.set(sink);
+}
+
+struct Pending {
+    buf: String,
+    /// This thread reports when it goes idle, so its lines may wait for that.
+    batched: bool,
+}
+
+impl Pending {
+    fn hand_over(&mut self) {
+        if !self.buf.is_empty() {
+            send(self.buf.as_bytes());
+            self.buf.clear();
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.hand_over();
+    }
+}
+
+thread_local! {
+    static PENDING: RefCell<Pending> = const {
+        RefCell::new(Pending { buf: String::new(), batched: false })
+    };
+}
+
+fn send(bytes: &[u8]) {
+    match SINK.get() {
+        // `NonBlocking` copies the bytes into one message for the writer thread.
+        Some(sink) => {
+            let _ = sink.clone().write_all(bytes);
+        }
+        None => {
+            let _ = std::io::stdout().lock().write_all(bytes);
+        }
+    }
+}
+
+/// Appends one complete line (ending in `\n`), written by `write`, to this thread's batch.
+pub fn write_line(write: impl FnOnce(&mut String)) {
+    let mut write = Some(write);
+    let queued = PENDING.try_with(|p| {
+        let Ok(mut p) = p.try_borrow_mut() else {
+            return false;
+        };
+        if let Some(w) = write.take() {
+            w(&mut p.buf);
+        }
+        if !p.batched || p.buf.len() >= BATCH_BYTES {
+            p.hand_over();
+        }
+        true
+    });
+    if queued != Ok(true) {
+        // The thread is exiting (or re-entered): no batch, send the line alone.
+        if let Some(w) = write.take() {
+            let mut line = String::new();
+            w(&mut line);
+            send(line.as_bytes());
+        }
+    }
+}
+
+/// Hands this thread's pending lines to the writer thread.
+pub fn flush_thread() {
+    let _ = PENDING.try_with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            p.hand_over();
+        }
+    });
+}
+
+/// Called by a runtime worker about to go idle: its lines go now, and from here on they
+/// may wait in its batch until the next time.
+pub fn thread_idle() {
+    let _ = PENDING.try_with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            p.batched = true;
+            p.hand_over();
+        }
+    });
+}
+
+/// Called by a runtime thread about to stop: nothing may wait any more.
+pub fn thread_stopping() {
+    let _ = PENDING.try_with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            p.batched = false;
+            p.hand_over();
+        }
+    });
+}
+
+/// The writer the `tracing` subscriber uses: the writer thread's channel, after this
+/// thread's pending lines, so they stay in order.
+pub(super) struct InOrder(pub(super) NonBlocking);
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for InOrder {
+    type Writer = NonBlocking;
+
+    fn make_writer(&'a self) -> NonBlocking {
+        flush_thread();
+        self.0.clone()
+    }
+}
