@@ -1,9 +1,14 @@
 //! Scale-to-zero benchmark (run with `bash bench/wake.sh`).
 //!
-//! Wake overhead = time to the first response for a sleeping service, minus the
-//! container's own start-to-ready time (Engine API start → the app answering directly),
+//! Wake latency and overhead from each tier — stopped (`--sleep-after`) and frozen
+//! (`--freeze-after`, docker pause) — for the same app: time to the first response, and
+//! that minus the moment the app itself first answers a direct poll in the same cycle,
 //! medians over `WAKE_CYCLES` cycles (default 10), for an app that listens at once and one
-//! that boots in 0.3 s, with 1, 10 and 100 concurrent first requests.
+//! that boots in 0.3 s, with 1, 10 and 100 concurrent first requests. The engine's own
+//! start→ready (or unpause→ready) time is measured alone beside it.
+//!
+//! Scale: RSS and idle CPU of a proxy restored with 0, 100 and 1,000 sleeping (and 1,000
+//! frozen) services, read from /proc after the restore.
 //!
 //! Tracking cost = requests/s through a service with sleep enabled (never idle long
 //! enough to sleep) ÷ the same without, same proxy, same backend, runs interleaved.
@@ -30,22 +35,32 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Engine API start → first 2xx from the app itself, polled every 0.5 ms.
+/// Engine API start (or thaw, `frozen`) → first 2xx from the app itself, polled every
+/// 0.5 ms.
 async fn direct_start_to_ready(
     docker: &dyn ContainerLifecycle,
     c: &TestContainer,
     cycles: usize,
+    frozen: bool,
 ) -> Vec<f64> {
     let mut out = Vec::new();
     for _ in 0..cycles {
-        docker
-            .stop(&c.name, Duration::from_secs(10))
-            .await
-            .expect("stop");
-        // Like a sleeping service: the container has been stopped for a while.
+        if frozen {
+            docker.freeze(&c.name).await.expect("freeze");
+        } else {
+            docker
+                .stop(&c.name, Duration::from_secs(10))
+                .await
+                .expect("stop");
+        }
+        // Like a sleeping service: the container has been down for a while.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let t0 = Instant::now();
-        docker.start(&c.name).await.expect("start");
+        if frozen {
+            docker.thaw(&c.name).await.expect("thaw");
+        } else {
+            docker.start(&c.name).await.expect("start");
+        }
         loop {
             if let Ok((200, _)) = docker::http_get(c.port, "/up") {
                 break;
@@ -58,11 +73,13 @@ async fn direct_start_to_ready(
     out
 }
 
-async fn wait_asleep(p: &Proxy, c: &TestContainer) {
-    p.wait_for_state("app", "sleeping", Duration::from_secs(30))
+async fn wait_asleep(p: &Proxy, c: &TestContainer, frozen: bool) {
+    let state = if frozen { "frozen" } else { "sleeping" };
+    p.wait_for_state("app", state, Duration::from_secs(30))
         .await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while docker::is_running(&c.name) {
+    let down = if frozen { "paused" } else { "exited" };
+    while docker::status(&c.name) != down {
         assert!(
             Instant::now() < deadline,
             "container still running while asleep"
@@ -81,11 +98,17 @@ struct Cycle {
     app_ready: f64,
 }
 
-async fn proxied_wakes(p: &Proxy, c: &TestContainer, n: usize, cycles: usize) -> Vec<Cycle> {
+async fn proxied_wakes(
+    p: &Proxy,
+    c: &TestContainer,
+    n: usize,
+    cycles: usize,
+    frozen: bool,
+) -> Vec<Cycle> {
     let http = client();
     let mut out = Vec::new();
     for _ in 0..cycles {
-        wait_asleep(p, c).await;
+        wait_asleep(p, c, frozen).await;
         let t0 = Instant::now();
         let port = c.port;
         let poller = tokio::task::spawn_blocking(move || {
@@ -150,6 +173,87 @@ fn wrk_run(pid: u32, port: u16, host: &str, seconds: u32) -> Option<(f64, f64)> 
     Some((requests / f64::from(seconds), cpu * 1e6 / requests))
 }
 
+fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// A state file of `n` services asleep in `state` (`sleeping` or `frozen`), each with
+/// its own host and container, as a proxy that put them to sleep would have saved it.
+fn sleeping_state(n: usize, state: &str) -> Vec<u8> {
+    let services: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "name": format!("svc-{i}"),
+                "options": {
+                    "hosts": [format!("svc-{i}.test")],
+                    "sleep_after": 3_600_000_000_000i64,
+                    "freeze_after": if state == "frozen" { 60_000_000_000i64 } else { 0 },
+                    "wake_timeout": 30_000_000_000i64,
+                    "sleep_containers": [format!("app-{i}")],
+                },
+                "active_targets": [format!("app-{i}:80")],
+                "idle_state": state,
+            })
+        })
+        .collect();
+    serde_json::to_vec(&services).unwrap_or_default()
+}
+
+/// RSS and idle CPU of a proxy restored with 0, 100 and 1,000 services asleep: no
+/// container exists, and none is touched (the restore does not probe sleeping services).
+async fn scale(socket: &str) -> serde_json::Value {
+    let idle_secs: u64 = std::env::var("SCALE_IDLE_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    println!(
+        "
+scale: a proxy restored with N services asleep, idle for {idle_secs} s"
+    );
+    println!(
+        "{:>6} {:<9} {:>9} {:>13} {:>15}",
+        "N", "state", "RSS_MiB", "idle_cpu_ms", "idle_cpu_%"
+    );
+    let mut out = Vec::new();
+    for (n, state) in [
+        (0, "sleeping"),
+        (100, "sleeping"),
+        (1000, "sleeping"),
+        (1000, "frozen"),
+    ] {
+        let mut p = Proxy::start_with(&[socket], &[]).await;
+        std::fs::write(p.state_file(), sleeping_state(n, state)).expect("state file");
+        p.restart().await;
+        if n > 0 {
+            p.wait_for_state(&format!("svc-{}", n - 1), state, Duration::from_secs(30))
+                .await;
+        }
+        // One request through, so the serving path's lazily built parts are counted.
+        let _ = client().get(p.url("/")).send().await;
+        let pid = p.pid().expect("proxy pid");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before = cpu_seconds(pid).unwrap_or(f64::NAN);
+        tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+        let cpu_ms = (cpu_seconds(pid).unwrap_or(f64::NAN) - before) * 1000.0;
+        let rss = rss_mib(pid).unwrap_or(f64::NAN);
+        let percent = cpu_ms / (idle_secs as f64 * 1000.0) * 100.0;
+        println!("{n:>6} {state:<9} {rss:>9.1} {cpu_ms:>13.0} {percent:>15.3}");
+        out.push(
+            serde_json::json!({"services": n, "state": state, "rss_mib": rss,
+            "idle_cpu_ms": cpu_ms, "idle_seconds": idle_secs, "idle_cpu_percent": percent}),
+        );
+    }
+    serde_json::Value::Array(out)
+}
+
 fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may contain spaces): utime is the 14th field.
@@ -178,8 +282,9 @@ async fn main() {
 
     println!("wake overhead, {cycles} cycles each (ms; medians)");
     println!(
-        "{:<10} {:>5} {:>12} {:>10} {:>11} {:>10} {:>10} {:>10}",
+        "{:<10} {:<8} {:>5} {:>12} {:>10} {:>11} {:>10} {:>10} {:>10}",
         "app",
+        "tier",
         "conc",
         "start→ready",
         "app ready",
@@ -188,31 +293,36 @@ async fn main() {
         "overhead",
         "ovh (all)"
     );
-    println!("start→ready: Engine API start until the app answers, measured alone. The other");
+    println!("start→ready: Engine API start (frozen: unpause) until the app answers, measured");
+    println!("alone. The other");
     println!("columns count from the moment the requests are sent to the sleeping service;");
     println!("overhead = proxied response − the app answering a direct poll in the same cycle.");
     // WAKE_SKIP=1 measures only the tracking cost.
     let skip_wakes = std::env::var_os("WAKE_SKIP").is_some();
-    for (label, boot) in if skip_wakes {
-        vec![]
-    } else {
-        vec![
-            ("instant", Duration::ZERO),
-            ("boot-0.3s", Duration::from_millis(300)),
-        ]
-    } {
-        let c = docker::run_app_container("wake-bench", boot);
+    let runs = [
+        ("instant", Duration::ZERO, "stopped"),
+        ("instant", Duration::ZERO, "frozen"),
+        ("boot-0.3s", Duration::from_millis(300), "stopped"),
+        ("boot-0.3s", Duration::from_millis(300), "frozen"),
+    ];
+    for (label, boot, tier) in if skip_wakes { &runs[..0] } else { &runs[..] } {
+        let (label, tier, frozen) = (*label, *tier, *tier == "frozen");
+        let c = docker::run_app_container("wake-bench", *boot);
         docker::wait_until_ready(&c).expect("app ready");
-        let mut direct = direct_start_to_ready(&engine, &c, cycles).await;
+        let mut direct = direct_start_to_ready(&engine, &c, cycles, frozen).await;
         let direct_median = median(&mut direct);
 
         let p = Proxy::start_with(&[&socket], &[]).await;
         let target = format!("127.0.0.1:{}", c.port);
         let container = format!("--sleep-container={}", c.name);
-        p.deploy("app", &target, &["--sleep-after=1s", &container])
-            .await;
+        let after = if frozen {
+            "--freeze-after=1s"
+        } else {
+            "--sleep-after=1s"
+        };
+        p.deploy("app", &target, &[after, &container]).await;
         for n in [1usize, 10, 100] {
-            let cycles_out = proxied_wakes(&p, &c, n, cycles).await;
+            let cycles_out = proxied_wakes(&p, &c, n, cycles, frozen).await;
             let mut first: Vec<f64> = cycles_out.iter().map(|c| c.first).collect();
             let mut all: Vec<f64> = cycles_out
                 .iter()
@@ -228,10 +338,10 @@ async fn main() {
             let (ready_median, overhead_median) = (median(&mut ready), median(&mut overhead));
             let overhead_all_median = median(&mut overhead_all);
             println!(
-                "{label:<10} {n:>5} {direct_median:>12.1} {ready_median:>10.1} {first_median:>11.1} {all_median:>10.1} {overhead_median:>10.1} {overhead_all_median:>10.1}"
+                "{label:<10} {tier:<8} {n:>5} {direct_median:>12.1} {ready_median:>10.1} {first_median:>11.1} {all_median:>10.1} {overhead_median:>10.1} {overhead_all_median:>10.1}"
             );
             results.push(serde_json::json!({
-                "app": label, "concurrency": n, "engine_start_to_ready_ms": direct_median,
+                "app": label, "tier": tier, "concurrency": n, "engine_start_to_ready_ms": direct_median,
                 "app_ready_ms": ready_median, "first_response_ms": first_median,
                 "all_responses_ms": all_median, "overhead_first_ms": overhead_median,
                 "overhead_all_ms": overhead_all_median,
@@ -240,10 +350,11 @@ async fn main() {
     }
 
     // Hot-path cost of idle tracking: one proxy, two services on the same backend.
-    let tracking = if std::process::Command::new("wrk")
-        .arg("--version")
-        .output()
-        .is_ok()
+    let tracking = if std::env::var_os("TRACKING_SKIP").is_none()
+        && std::process::Command::new("wrk")
+            .arg("--version")
+            .output()
+            .is_ok()
     {
         let c = docker::run_app_container("wake-bench-track", Duration::ZERO);
         docker::wait_until_ready(&c).expect("app ready");
@@ -296,8 +407,14 @@ async fn main() {
         serde_json::json!({"disabled_rps": pm, "enabled_rps": tm, "ratio": tm / pm,
             "disabled_cpu_us_per_req": pc, "enabled_cpu_us_per_req": tc, "cpu_ratio": tc / pc})
     } else {
-        println!("\nidle tracking: skipped (wrk not installed)");
+        println!("\nidle tracking: skipped (TRACKING_SKIP set, or wrk not installed)");
         serde_json::Value::Null
+    };
+
+    let scale = if std::env::var_os("SCALE_SKIP").is_some() {
+        serde_json::Value::Null
+    } else {
+        scale(&socket).await
     };
 
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/results");
@@ -307,7 +424,7 @@ async fn main() {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let path = dir.join(format!("wake-{stamp}.json"));
-    let json = serde_json::json!({"cycles": cycles, "wake": results, "tracking": tracking});
+    let json = serde_json::json!({"cycles": cycles, "wake": results, "tracking": tracking, "scale": scale});
     let _ = std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap_or_default());
     println!("\nresults: {}", path.display());
 }

@@ -76,6 +76,18 @@ pub struct ServiceOptions {
         deserialize_with = "null_as_empty"
     )]
     pub sleep_containers: Vec<String>,
+    /// The freeze tier: containers paused after this long idle; 0 = off.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub freeze_after: GoDuration,
+    /// `key=value` Docker labels selecting the containers at each transition.
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
+    pub sleep_labels: Vec<String>,
+    /// A waiting page for browser navigations held by a wake.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub wake_page: bool,
     /// Access gates (fork keys, snake_case of the fork's field names); omitted when unset.
     #[serde(
         skip_serializing_if = "Vec::is_empty",
@@ -139,6 +151,9 @@ impl Default for ServiceOptions {
             sleep_after: GoDuration::ZERO,
             wake_timeout: GoDuration::ZERO,
             sleep_containers: Vec::new(),
+            freeze_after: GoDuration::ZERO,
+            sleep_labels: Vec::new(),
+            wake_page: false,
             allow_ips: Vec::new(),
             trusted_proxies: Vec::new(),
             rate_limit: 0.0,
@@ -253,7 +268,7 @@ impl ServiceOptions {
         for p in &mut self.path_prefixes {
             *p = normalize_prefix(p);
         }
-        if self.sleep_after.is_positive() && self.wake_timeout == GoDuration::ZERO {
+        if self.sleep_enabled() && self.wake_timeout == GoDuration::ZERO {
             self.wake_timeout = DEFAULT_WAKE_TIMEOUT;
         }
     }
@@ -280,8 +295,9 @@ impl ServiceOptions {
         })
     }
 
+    /// Either tier is on: the service gets an idle controller.
     pub fn sleep_enabled(&self) -> bool {
-        self.sleep_after.is_positive()
+        self.sleep_after.is_positive() || self.freeze_after.is_positive()
     }
 
     /// Validation shared by the CLI (before connecting) and the server (on every deploy):
@@ -309,8 +325,21 @@ impl ServiceOptions {
     /// may have filled in sleep settings the command line left unset.
     pub fn validate_complete(&self) -> Result<(), String> {
         self.validate()?;
-        if !self.sleep_after.is_positive() && !self.sleep_containers.is_empty() {
-            return Err("service options invalid: sleep-container requires sleep-after".into());
+        if !self.sleep_enabled() {
+            let needs = |flag: &str| {
+                Err(format!(
+                    "service options invalid: {flag} requires sleep-after or freeze-after"
+                ))
+            };
+            if !self.sleep_containers.is_empty() {
+                return needs("sleep-container");
+            }
+            if !self.sleep_labels.is_empty() {
+                return needs("sleep-label");
+            }
+            if self.wake_page {
+                return needs("wake-page");
+            }
         }
         Ok(())
     }
@@ -360,7 +389,38 @@ impl ServiceOptions {
         if self.sleep_after.is_positive() && !self.tls_on_demand_url.is_empty() {
             return Err("sleep-after cannot be used with a TLS on-demand URL".into());
         }
+        if self.freeze_after.is_negative() {
+            return Err("freeze-after cannot be negative".into());
+        }
+        if self.freeze_after.is_positive() && !self.tls_on_demand_url.is_empty() {
+            return Err("freeze-after cannot be used with a TLS on-demand URL".into());
+        }
+        if self.freeze_after.is_positive()
+            && self.sleep_after.is_positive()
+            && self.freeze_after >= self.sleep_after
+        {
+            return Err(format!(
+                "freeze-after ({}) must be shorter than sleep-after ({})",
+                self.freeze_after, self.sleep_after
+            ));
+        }
+        for label in &self.sleep_labels {
+            validate_sleep_label(label)?;
+        }
+        if !self.sleep_labels.is_empty() && !self.sleep_containers.is_empty() {
+            return Err("sleep-label and sleep-container cannot be used together".into());
+        }
         Ok(())
+    }
+}
+
+/// A `--sleep-label`: `key=value`, as Docker's label filter takes it.
+fn validate_sleep_label(label: &str) -> Result<(), String> {
+    match label.split_once('=') {
+        Some((key, _)) if !key.trim().is_empty() && key.trim() == key => Ok(()),
+        _ => Err(format!(
+            "sleep-label must be given as \"<key>=<value>\", got \"{label}\""
+        )),
     }
 }
 
@@ -548,7 +608,7 @@ mod tests {
         assert!(o.validate().is_ok());
         assert_eq!(
             o.validate_complete().unwrap_err(),
-            "service options invalid: sleep-container requires sleep-after"
+            "service options invalid: sleep-container requires sleep-after or freeze-after"
         );
         let mut o = tls(&[]);
         o.tls_on_demand_url = "/allow".into();
@@ -557,6 +617,77 @@ mod tests {
             o.validate()
                 .unwrap_err()
                 .ends_with("sleep-after cannot be used with a TLS on-demand URL")
+        );
+    }
+
+    #[test]
+    fn freeze_label_and_wake_page_validation() {
+        let secs = GoDuration::from_secs;
+        let err = |o: ServiceOptions| o.validate().unwrap_err();
+        let p = "service options invalid: ";
+        assert_eq!(
+            err(ServiceOptions {
+                freeze_after: GoDuration::from_nanos(-1),
+                ..Default::default()
+            }),
+            format!("{p}freeze-after cannot be negative")
+        );
+        assert_eq!(
+            err(ServiceOptions {
+                freeze_after: secs(60),
+                sleep_after: secs(60),
+                ..Default::default()
+            }),
+            format!("{p}freeze-after (1m0s) must be shorter than sleep-after (1m0s)")
+        );
+        // Either tier alone, or freeze first.
+        for (freeze, sleep) in [(60, 0), (0, 60), (30, 60)] {
+            let o = ServiceOptions {
+                freeze_after: secs(freeze),
+                sleep_after: secs(sleep),
+                ..Default::default()
+            };
+            assert!(o.validate().is_ok() && o.validate_complete().is_ok());
+            assert!(o.sleep_enabled());
+        }
+        let mut frozen_only = ServiceOptions {
+            freeze_after: secs(5),
+            ..Default::default()
+        };
+        frozen_only.normalize();
+        assert_eq!(frozen_only.wake_timeout, DEFAULT_WAKE_TIMEOUT);
+        for bad in ["service", "=app", " service=app", ""] {
+            assert_eq!(
+                err(ServiceOptions {
+                    sleep_labels: vec![bad.into()],
+                    ..Default::default()
+                }),
+                format!("{p}sleep-label must be given as \"<key>=<value>\", got \"{bad}\"")
+            );
+        }
+        assert_eq!(
+            err(ServiceOptions {
+                sleep_after: secs(60),
+                sleep_labels: vec!["service=app".into()],
+                sleep_containers: vec!["web".into()],
+                ..Default::default()
+            }),
+            format!("{p}sleep-label and sleep-container cannot be used together")
+        );
+        let incomplete = |o: ServiceOptions| o.validate_complete().unwrap_err();
+        assert_eq!(
+            incomplete(ServiceOptions {
+                sleep_labels: vec!["service=app".into()],
+                ..Default::default()
+            }),
+            format!("{p}sleep-label requires sleep-after or freeze-after")
+        );
+        assert_eq!(
+            incomplete(ServiceOptions {
+                wake_page: true,
+                ..Default::default()
+            }),
+            format!("{p}wake-page requires sleep-after or freeze-after")
         );
     }
 

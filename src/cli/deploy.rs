@@ -152,6 +152,21 @@ pub struct DeployCmd {
     /// label: kamal-proxy.sleep-container, comma-separated)
     #[arg(long = "sleep-container", action = ArgAction::Append, value_name = "CONTAINER")]
     sleep_container: Vec<String>,
+    /// Freeze (docker pause: memory kept, no CPU, wakes in milliseconds) the service's
+    /// containers after this long without traffic; 0 = never. With --sleep-after it must be
+    /// shorter: frozen first, stopped later (label: kamal-proxy.freeze-after) [default: 0]
+    #[arg(long = "freeze-after", value_parser = duration, value_name = "DURATION")]
+    freeze_after: Option<GoDuration>,
+    /// Select the containers to freeze, stop and start by Docker label at each transition
+    /// instead of fixed references (repeatable, all must match; e.g. service=app, role=web;
+    /// label: kamal-proxy.sleep-label, comma-separated)
+    #[arg(long = "sleep-label", action = ArgAction::Append, value_name = "KEY=VALUE")]
+    sleep_label: Vec<String>,
+    /// Answer a browser navigation still held by a wake after 1s with a self-refreshing
+    /// "Starting…" page (503, Retry-After; wake.html in --error-pages overrides it); API
+    /// calls stay held (label: kamal-proxy.wake-page)
+    #[arg(long = "wake-page", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    wake_page: Option<bool>,
 
     /// Only these client addresses or CIDR ranges may reach the service; others get 403 (repeatable, or comma-separated)
     #[arg(long = "allow-ip", value_delimiter = ',', action = ArgAction::Append, value_name = "IP|CIDR")]
@@ -247,6 +262,9 @@ impl DeployCmd {
             sleep_after: self.sleep_after.unwrap_or_default(),
             wake_timeout: self.wake_timeout.unwrap_or_default(),
             sleep_containers: non_empty(self.sleep_container.clone()),
+            freeze_after: self.freeze_after.unwrap_or_default(),
+            sleep_labels: non_empty(self.sleep_label.clone()),
+            wake_page: self.wake_page.unwrap_or(false),
             allow_ips: non_empty(self.allow_ip.clone()),
             trusted_proxies: non_empty(self.trusted_proxy.clone()),
             rate_limit: self.rate_limit,
@@ -308,6 +326,9 @@ impl DeployCmd {
             ("sleep-after", self.sleep_after.is_some()),
             ("wake-timeout", self.wake_timeout.is_some()),
             ("sleep-container", !self.sleep_container.is_empty()),
+            ("freeze-after", self.freeze_after.is_some()),
+            ("sleep-label", !self.sleep_label.is_empty()),
+            ("wake-page", self.wake_page.is_some()),
         ]
         .into_iter()
         .filter(|(_, given)| *given)
@@ -353,6 +374,9 @@ mod tests {
             "--sleep-after=0",
             "--wake-timeout=30s",
             "--sleep-container=web",
+            "--freeze-after=0",
+            "--sleep-label=service=app",
+            "--wake-page=false",
         ]);
         assert_eq!(all.sleep_flags_given(), SLEEP_FLAGS);
         let none = parse(&["app", "--target=web:80"]);

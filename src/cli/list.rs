@@ -59,6 +59,19 @@ fn printable(s: &str) -> String {
         .collect()
 }
 
+/// The State column: a frozen or sleeping service also says for how long (`sleeping
+/// 2h5m`), in Go's duration style, whole seconds. Kamal never reads `list`.
+fn state_cell(d: &crate::control::ServiceDescription) -> String {
+    let state = printable(&d.state);
+    match d.asleep_seconds {
+        Some(secs) if d.state == "frozen" || d.state == "sleeping" => {
+            let secs = i64::try_from(secs).unwrap_or(i64::MAX / 1_000_000_000);
+            format!("{state} {}", crate::gotime::GoDuration::from_secs(secs))
+        }
+        _ => state,
+    }
+}
+
 /// The active targets, as upstream; a rollout pool, when there is one, follows them.
 fn target_cell(d: &crate::control::ServiceDescription) -> String {
     if d.rollout_targets.is_empty() {
@@ -84,7 +97,7 @@ pub fn render_table(list: &ListResponse) -> String {
                 printable(&d.host),
                 printable(&d.path),
                 printable(&target_cell(d)),
-                printable(&d.state),
+                state_cell(d),
                 if d.tls { "yes" } else { "no" }.to_string(),
             ]
         })

@@ -56,6 +56,10 @@ fn description(s: &Service) -> ServiceDescription {
             .as_ref()
             .map_or("off", |c| c.state().as_str())
             .to_string(),
+        asleep_seconds: sleep
+            .as_ref()
+            .and_then(|c| c.asleep_for())
+            .map(|d| d.as_secs()),
         sleep_containers: sleep.map(|c| c.containers()).unwrap_or_default(),
     }
 }

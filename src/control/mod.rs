@@ -80,10 +80,13 @@ pub struct ServiceDescription {
     #[serde(default)]
     pub rollout_allowlist: Vec<String>,
     /// Scale-to-zero (added keys, beyond the fork's shape): `off` without sleep, else
-    /// `active`, `stopping`, `sleeping` or `waking`; and the containers the proxy stops
+    /// `active`, `freezing`, `frozen`, `stopping`, `sleeping` or `waking`; and the containers the proxy stops
     /// and starts, so a pruning script can spare a sleeping service's stopped containers.
     pub sleep_state: String,
     pub sleep_containers: Vec<String>,
+    /// Whole seconds the service has been frozen or asleep; absent while awake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asleep_seconds: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

@@ -29,7 +29,7 @@ use hyper::http::uri::{PathAndQuery, Uri};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::{ContainerInfo, ContainerLifecycle, LifecycleError, LifecycleFuture};
+use super::{ContainerInfo, ContainerLifecycle, LifecycleError, LifecycleFuture, ListedContainer};
 
 /// Client timeout for start, inspect and version negotiation.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -214,13 +214,111 @@ impl DockerLifecycle {
     }
 }
 
+/// Docker refuses to start a frozen container, to thaw one that is not frozen and to
+/// freeze one that is frozen already or not running, with a 409 or (20.10, for some) a
+/// 500: the refusal is told apart by asking for the container's state, not by its code.
+fn is_refusal(result: &Result<(), LifecycleError>) -> bool {
+    matches!(result, Err(LifecycleError::Daemon { .. }))
+}
+
+impl DockerLifecycle {
+    async fn start_only(&self, container: &str) -> Result<(), LifecycleError> {
+        let reference = escape_reference(container)?;
+        // bollard counts 304 (already running) as success.
+        self.run(container, CALL_TIMEOUT, |docker| async move {
+            docker.start_container(&reference, None).await
+        })
+        .await
+    }
+
+    async fn unpause_only(&self, container: &str) -> Result<(), LifecycleError> {
+        let reference = escape_reference(container)?;
+        self.run(container, CALL_TIMEOUT, |docker| async move {
+            docker.unpause_container(&reference).await
+        })
+        .await
+    }
+}
+
 impl ContainerLifecycle for DockerLifecycle {
     fn start<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
         Box::pin(async move {
+            // Docker refuses to start a frozen container: thaw it instead, so a wake after
+            // a restart or a redeploy mid-freeze still brings it back.
+            let started = self.start_only(container).await;
+            if is_refusal(&started) && self.inspect(container).await.is_ok_and(|i| i.paused) {
+                return self.unpause_only(container).await;
+            }
+            started
+        })
+    }
+
+    fn freeze<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
+        Box::pin(async move {
             let reference = escape_reference(container)?;
-            // bollard counts 304 (already running) as success.
-            self.run(container, CALL_TIMEOUT, |docker| async move {
-                docker.start_container(&reference, None).await
+            let frozen = self
+                .run(container, CALL_TIMEOUT, |docker| async move {
+                    docker.pause_container(&reference).await
+                })
+                .await;
+            // Refused because it is frozen already or not running: either way it uses
+            // no CPU, which is what a freeze is for.
+            if is_refusal(&frozen)
+                && self
+                    .inspect(container)
+                    .await
+                    .is_ok_and(|i| i.paused || !i.running)
+            {
+                return Ok(());
+            }
+            frozen
+        })
+    }
+
+    fn thaw<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
+        Box::pin(async move {
+            // Refused because it is not frozen: a frozen service's container may have been
+            // stopped since (a daemon or host restart stops frozen containers), so start
+            // it; or thawed by hand, so there is nothing to do.
+            let thawed = self.unpause_only(container).await;
+            if is_refusal(&thawed) {
+                match self.inspect(container).await {
+                    Ok(i) if !i.running => return self.start_only(container).await,
+                    Ok(i) if !i.paused => return Ok(()),
+                    _ => {}
+                }
+            }
+            thawed
+        })
+    }
+
+    fn list<'a>(&'a self, labels: &'a [String]) -> LifecycleFuture<'a, Vec<ListedContainer>> {
+        Box::pin(async move {
+            let what = format!("label {}", labels.join(","));
+            self.run(&what, CALL_TIMEOUT, |docker| async move {
+                let filters =
+                    std::collections::HashMap::from([("label".to_owned(), labels.to_vec())]);
+                let options = bollard::query_parameters::ListContainersOptions {
+                    all: true,
+                    filters: Some(filters),
+                    ..Default::default()
+                };
+                let listed = docker.list_containers(Some(options)).await?;
+                Ok(listed
+                    .into_iter()
+                    .filter_map(|c| {
+                        use bollard::models::ContainerSummaryStateEnum as State;
+                        let live = matches!(
+                            c.state,
+                            Some(State::RUNNING | State::PAUSED | State::RESTARTING)
+                        );
+                        Some(ListedContainer {
+                            id: c.id?,
+                            created: c.created.unwrap_or(0),
+                            live,
+                        })
+                    })
+                    .collect())
             })
             .await
         })
@@ -252,7 +350,12 @@ impl ContainerLifecycle for DockerLifecycle {
                     .and_then(|c| c.labels)
                     .map(|l| l.into_iter().collect())
                     .unwrap_or_default();
-                Ok(ContainerInfo { labels })
+                let state = inspected.state.unwrap_or_default();
+                Ok(ContainerInfo {
+                    labels,
+                    running: state.running.unwrap_or(false),
+                    paused: state.paused.unwrap_or(false),
+                })
             })
             .await
         })

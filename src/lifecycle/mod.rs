@@ -1,9 +1,9 @@
 //! Starting and stopping the containers behind a sleeping service.
 //!
 //! The idle controller only knows this trait; the Docker Engine implementation lives in
-//! `docker.rs`. Keeping the surface to three operations is what lets a restricted
-//! start/stop service (or a test double for a fault Docker cannot produce) replace raw
-//! socket access later.
+//! `docker.rs`. Keeping the surface small (start, stop, freeze, thaw, inspect, list by
+//! label) is what lets a restricted start/stop service (or a test double for a fault
+//! Docker cannot produce) replace raw socket access later.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -27,6 +27,28 @@ pub trait ContainerLifecycle: Send + Sync + 'static {
 
     /// What the runtime knows of the reference; fails when it knows none.
     fn inspect<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ContainerInfo>;
+
+    /// Freezes a running container (cgroup freezer: memory kept, no CPU). Succeeds when the
+    /// container uses no CPU afterwards: frozen, or not running at all.
+    fn freeze<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()>;
+
+    /// Brings a container back from either tier: thaws a frozen one, starts a stopped one.
+    /// Succeeds when the container is running afterwards, including when it already was.
+    fn thaw<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()>;
+
+    /// Every container (running or not) carrying all of `labels` (`key=value` each).
+    fn list<'a>(&'a self, labels: &'a [String]) -> LifecycleFuture<'a, Vec<ListedContainer>>;
+}
+
+/// A container found by [`ContainerLifecycle::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedContainer {
+    /// The full id: what a sleep remembers, so a wake starts exactly that container.
+    pub id: String,
+    /// Creation time, Unix seconds: the newest stands in for a remembered one that is gone.
+    pub created: i64,
+    /// Running, frozen or restarting: what a sleep has to stop.
+    pub live: bool,
 }
 
 /// The part of a container's description the proxy uses.
@@ -34,6 +56,10 @@ pub trait ContainerLifecycle: Send + Sync + 'static {
 pub struct ContainerInfo {
     /// The container's labels (Kamal's `labels:`, e.g. `kamal-proxy.sleep-after`).
     pub labels: BTreeMap<String, String>,
+    /// Running (frozen counts as running, as Docker reports it).
+    pub running: bool,
+    /// Frozen.
+    pub paused: bool,
 }
 
 /// Errors carry operator detail (references, daemon output). They are logged and may be

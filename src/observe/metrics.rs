@@ -14,7 +14,27 @@ pub struct Metrics {
     requests: IntCounterVec,
     duration: HistogramVec,
     in_flight: IntGaugeVec,
+    sleep: SleepCollectors,
 }
+
+/// Scale-to-zero collectors (ours; named in upstream's `kamal_proxy_` style).
+struct SleepCollectors {
+    state: IntGaugeVec,
+    sleeps: IntCounterVec,
+    wakes: IntCounterVec,
+    wake_duration: HistogramVec,
+    held: IntGaugeVec,
+}
+
+/// Every idle state the gauge reports, in the controller's vocabulary.
+pub const SLEEP_STATES: &[&str] = &[
+    "active", "freezing", "frozen", "stopping", "sleeping", "waking",
+];
+
+/// Wakes take milliseconds from frozen and seconds from stopped: buckets for both.
+const WAKE_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -57,9 +77,62 @@ fn build() -> prometheus::Result<Metrics> {
         .subsystem("proxy"),
         &["service"],
     )?;
+    let sleep = SleepCollectors {
+        state: IntGaugeVec::new(
+            Opts::new(
+                "service_idle_state",
+                "Scale-to-zero state of a service (1 for the current state, 0 for the others)",
+            )
+            .namespace("kamal")
+            .subsystem("proxy"),
+            &["service", "state"],
+        )?,
+        sleeps: IntCounterVec::new(
+            Opts::new(
+                "service_sleeps_total",
+                "Times an idle service was frozen or stopped, by tier and result",
+            )
+            .namespace("kamal")
+            .subsystem("proxy"),
+            &["service", "tier", "result"],
+        )?,
+        wakes: IntCounterVec::new(
+            Opts::new(
+                "service_wakes_total",
+                "Times a frozen or sleeping service was woken, by tier and result",
+            )
+            .namespace("kamal")
+            .subsystem("proxy"),
+            &["service", "tier", "result"],
+        )?,
+        wake_duration: HistogramVec::new(
+            HistogramOpts::new(
+                "service_wake_duration_seconds",
+                "Time from the start of a successful wake until the service could serve",
+            )
+            .namespace("kamal")
+            .subsystem("proxy")
+            .buckets(WAKE_BUCKETS.to_vec()),
+            &["service", "tier"],
+        )?,
+        held: IntGaugeVec::new(
+            Opts::new(
+                "service_held_requests",
+                "Requests held now while a service wakes",
+            )
+            .namespace("kamal")
+            .subsystem("proxy"),
+            &["service"],
+        )?,
+    };
     registry.register(Box::new(requests.clone()))?;
     registry.register(Box::new(duration.clone()))?;
     registry.register(Box::new(in_flight.clone()))?;
+    registry.register(Box::new(sleep.state.clone()))?;
+    registry.register(Box::new(sleep.sleeps.clone()))?;
+    registry.register(Box::new(sleep.wakes.clone()))?;
+    registry.register(Box::new(sleep.wake_duration.clone()))?;
+    registry.register(Box::new(sleep.held.clone()))?;
     #[cfg(target_os = "linux")]
     registry.register(Box::new(
         prometheus::process_collector::ProcessCollector::for_self(),
@@ -69,6 +142,7 @@ fn build() -> prometheus::Result<Metrics> {
         requests,
         duration,
         in_flight,
+        sleep,
     })
 }
 
@@ -163,6 +237,89 @@ impl ServiceMetrics {
             }
             next
         });
+    }
+}
+
+/// One service's scale-to-zero handles, resolved when its idle controller is built, so a
+/// transition updates a gauge or counter without a registry lookup.
+pub struct SleepMetrics {
+    /// One gauge per entry of [`SLEEP_STATES`].
+    states: Vec<IntGauge>,
+    /// By tier (0 = frozen, 1 = sleeping): (success, failure).
+    sleeps: [(IntCounter, IntCounter); 2],
+    wakes: [(IntCounter, IntCounter); 2],
+    wake_duration: [Histogram; 2],
+    held: IntGauge,
+}
+
+/// The two tiers a service can be woken from, as metric labels.
+const TIERS: [&str; 2] = ["frozen", "sleeping"];
+
+impl SleepMetrics {
+    /// The handles for `service`, every series created at zero so a query sees the service
+    /// before its first transition; `None` unless `--metrics-port` is set.
+    pub fn for_service(service: &str) -> Option<Arc<SleepMetrics>> {
+        let m = &METRICS.get().filter(|_| enabled())?.sleep;
+        let counters = |vec: &IntCounterVec, tier: &str| {
+            (
+                vec.with_label_values(&[service, tier, "success"]),
+                vec.with_label_values(&[service, tier, "failure"]),
+            )
+        };
+        Some(Arc::new(SleepMetrics {
+            states: SLEEP_STATES
+                .iter()
+                .map(|state| m.state.with_label_values(&[service, state]))
+                .collect(),
+            sleeps: TIERS.map(|tier| counters(&m.sleeps, tier)),
+            wakes: TIERS.map(|tier| counters(&m.wakes, tier)),
+            wake_duration: TIERS.map(|tier| m.wake_duration.with_label_values(&[service, tier])),
+            held: m.held.with_label_values(&[service]),
+        }))
+    }
+
+    /// Moves the state gauge to `state` (one of [`SLEEP_STATES`]).
+    pub fn set_state(&self, state: &str) {
+        for (gauge, name) in self.states.iter().zip(SLEEP_STATES) {
+            gauge.set(i64::from(*name == state));
+        }
+    }
+
+    pub fn slept(&self, frozen: bool, ok: bool) {
+        let (success, failure) = &self.sleeps[usize::from(!frozen)];
+        if ok { success.inc() } else { failure.inc() }
+    }
+
+    pub fn woke(&self, frozen: bool, ok: bool, seconds: f64) {
+        let tier = usize::from(!frozen);
+        let (success, failure) = &self.wakes[tier];
+        if ok {
+            success.inc();
+            self.wake_duration[tier].observe(seconds);
+        } else {
+            failure.inc();
+        }
+    }
+
+    pub fn held(&self, delta: i64) {
+        self.held.add(delta);
+    }
+
+    /// Drops the service's series when it is removed.
+    pub fn forget(service: &str) {
+        let Some(m) = METRICS.get() else { return };
+        let m = &m.sleep;
+        for state in SLEEP_STATES {
+            let _ = m.state.remove_label_values(&[service, state]);
+        }
+        for tier in TIERS {
+            for result in ["success", "failure"] {
+                let _ = m.sleeps.remove_label_values(&[service, tier, result]);
+                let _ = m.wakes.remove_label_values(&[service, tier, result]);
+            }
+            let _ = m.wake_duration.remove_label_values(&[service, tier]);
+        }
+        let _ = m.held.remove_label_values(&[service]);
     }
 }
 

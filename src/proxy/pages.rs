@@ -163,6 +163,8 @@ fn render_nodes(nodes: &[Node], message: &str, out: &mut String) {
 #[derive(Debug, Default)]
 pub struct ErrorPages {
     pages: HashMap<u16, Vec<Node>>,
+    /// `wake.html`: the `--wake-page` waiting page (`{{ .Message }}` is the service name).
+    wake: Option<Vec<Node>>,
 }
 
 impl ErrorPages {
@@ -170,6 +172,7 @@ impl ErrorPages {
     pub fn load(dir: &Path) -> Result<ErrorPages, String> {
         let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut pages = HashMap::new();
+        let mut wake = None;
         let mut found = 0;
         for entry in entries.flatten() {
             let path = entry.path();
@@ -180,6 +183,10 @@ impl ErrorPages {
             let src =
                 std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
             let nodes = parse_template(&src).map_err(|e| format!("{}: {e}", path.display()))?;
+            if path.file_stem().and_then(|s| s.to_str()) == Some("wake") {
+                wake = Some(nodes);
+                continue;
+            }
             if let Some(status) = path
                 .file_stem()
                 .and_then(|s| s.to_str())
@@ -191,7 +198,7 @@ impl ErrorPages {
         if found == 0 {
             return Err(format!("{}: no *.html error pages", dir.display()));
         }
-        Ok(ErrorPages { pages })
+        Ok(ErrorPages { pages, wake })
     }
 
     fn render(&self, status: u16, message: &str) -> Option<String> {
@@ -216,6 +223,29 @@ pub fn page_body(status: StatusCode, custom: Option<&ErrorPages>, message: Optio
             status.canonical_reason().unwrap_or("")
         )
     })
+}
+
+/// The `--wake-page` body: the service's `wake.html`, else a small built-in page that
+/// names the service (never a container) and reloads itself every `refresh_secs`.
+pub fn wake_page_body(service: &str, custom: Option<&ErrorPages>, refresh_secs: u64) -> String {
+    if let Some(nodes) = custom.and_then(|p| p.wake.as_ref()) {
+        let mut out = String::new();
+        render_nodes(nodes, service, &mut out);
+        return out;
+    }
+    let service = html_escape(service);
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+<meta http-equiv=\"refresh\" content=\"{refresh_secs}\">\n\
+<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+<title>Starting {service}…</title>\n<style>\n\
+body {{ background: #0971D5; color: #fff; font-family: system-ui, -apple-system, sans-serif; \
+margin: 0; min-height: 100vh; display: grid; place-items: center; text-align: center; }}\n\
+main {{ max-width: 36rem; padding: 2rem; }}\n\
+p {{ font-size: 1.25rem; line-height: 1.5; }}\n</style>\n</head>\n<body>\n<main>\n\
+<h1>Starting {service}…</h1>\n<p>The service is waking up. This page reloads by itself.</p>\n\
+</main>\n</body>\n</html>\n"
+    )
 }
 
 pub fn error_response(
@@ -263,6 +293,22 @@ mod tests {
         assert_eq!(out, "<p>none</p>");
         assert!(parse_template("{{ if .Message }}x").is_err());
         assert!(parse_template("{{ .Foo }}").is_err());
+    }
+
+    #[test]
+    fn the_wake_page_names_the_service_escaped_and_wake_html_replaces_it() {
+        let b = wake_page_body("app<web>", None, 2);
+        assert!(b.contains("Starting app&lt;web&gt;…"), "{b}");
+        assert!(
+            b.contains("<meta http-equiv=\"refresh\" content=\"2\">"),
+            "{b}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("wake.html"), "Wait for {{ .Message }}").unwrap();
+        let pages = ErrorPages::load(dir.path()).unwrap();
+        assert_eq!(wake_page_body("app", Some(&pages), 2), "Wait for app");
+        // wake.html is not a status page.
+        assert!(page_body(StatusCode::SERVICE_UNAVAILABLE, Some(&pages), None).contains("503"));
     }
 
     #[test]

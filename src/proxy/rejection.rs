@@ -50,6 +50,9 @@ pub enum Rejection {
         detail: String,
         retry_after: Option<Duration>,
     },
+    /// `--wake-page`: a browser navigation still held by a wake after the grace period gets
+    /// a self-refreshing waiting page (503, `Retry-After`, never cached); the wake goes on.
+    WakePage { service: Arc<str> },
     /// Every target is unhealthy or draining (503).
     NoHealthyTarget,
     /// `--target-timeout` passed before the target's response headers (504).
@@ -93,6 +96,7 @@ impl Rejection {
             | Rejection::HealthCheckAnswered { healthy: false }
             | Rejection::Stopped { .. }
             | Rejection::WakeFailed { .. }
+            | Rejection::WakePage { .. }
             | Rejection::NoHealthyTarget => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::PauseExpired
             | Rejection::DeadlineExceeded
@@ -127,6 +131,13 @@ impl Rejection {
             }
             Rejection::Drained => {
                 tracing::info!(service, path, "Request cancelled due to draining")
+            }
+            Rejection::WakePage { .. } => {
+                tracing::info!(
+                    service,
+                    path,
+                    "Answered a held navigation with the wake page"
+                )
             }
             Rejection::TargetFailed {
                 target,
@@ -204,6 +215,7 @@ impl Rejection {
                 }
                 r
             }
+            Rejection::WakePage { service } => wake_page(&service, pages),
             _ => error_response(status, pages, None),
         }
     }
@@ -218,6 +230,33 @@ impl Rejection {
         self.log(at.service, at.path);
         finish(self.render(pages, at.method), exchange)
     }
+}
+
+/// How often the waiting page reloads itself, and what its `Retry-After` says.
+const WAKE_PAGE_REFRESH_SECS: u64 = 2;
+
+/// 503 rather than 200: the page is not the resource, so a crawler must not index it, a
+/// cache must not keep it and a monitor must not count it as up; browsers render it and
+/// follow its refresh all the same. `Refresh` (header and meta) reloads a custom
+/// `wake.html` too, and each reload is an ordinary request: held again, never a second
+/// wake (one wake at a time per service).
+fn wake_page(service: &str, pages: Option<&Arc<ErrorPages>>) -> Response<ResponseBody> {
+    let body =
+        super::pages::wake_page_body(service, pages.map(|p| p.as_ref()), WAKE_PAGE_REFRESH_SECS);
+    let mut r = Response::new(ResponseBody::full(Bytes::from(body)));
+    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(WAKE_PAGE_REFRESH_SECS),
+    );
+    h.insert(header::REFRESH, HeaderValue::from(WAKE_PAGE_REFRESH_SECS));
+    r
 }
 
 /// Where a rejection happened, for its log line and its rendering.
@@ -290,6 +329,15 @@ mod tests {
         .render(None, &Method::POST);
         assert_eq!(r.status(), 308);
         assert_eq!(r.headers()[header::LOCATION], "https://a.test/x");
+
+        let r = Rejection::WakePage {
+            service: Arc::from("app-web"),
+        }
+        .render(None, &get);
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(r.headers()[header::REFRESH], "2");
+        assert_eq!(r.headers()[header::CACHE_CONTROL], "no-store");
 
         assert_eq!(Rejection::TargetTimeout.status(), 504);
         assert_eq!(Rejection::DeadlineExceeded.status(), 504);

@@ -219,6 +219,29 @@ impl Router {
         let Some(lifecycle) = &self.lifecycle else {
             return Err("scale-to-zero requires the proxy to run with --docker-socket".into());
         };
+        let deadline = tokio::time::Instant::now() + PREFLIGHT_TIMEOUT;
+        if !options.sleep_labels.is_empty() {
+            // Containers are looked up at each transition; the targets may be addresses.
+            let labels = options.sleep_labels.join(",");
+            let listed =
+                tokio::time::timeout_at(deadline, lifecycle.list(&options.sleep_labels)).await;
+            return match listed {
+                Ok(Ok(found)) if found.is_empty() => Err(format!(
+                    "no container has the labels {labels}; check --sleep-label against `docker ps -a --filter label=...`"
+                )),
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(LifecycleError::Forbidden(_))) => {
+                    tracing::warn!(labels = %labels, "Cannot verify --sleep-label; the socket denies listing containers");
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(format!(
+                    "cannot list the containers labelled {labels} for --sleep-label: {e}"
+                )),
+                Err(_) => Err(format!(
+                    "cannot list the containers labelled {labels} for --sleep-label: timed out"
+                )),
+            };
+        }
         let refs = if options.sleep_containers.is_empty() {
             targets
                 .iter()
@@ -228,7 +251,6 @@ impl Router {
         } else {
             options.sleep_containers.clone()
         };
-        let deadline = tokio::time::Instant::now() + PREFLIGHT_TIMEOUT;
         for r in &refs {
             let inspected = tokio::time::timeout_at(deadline, lifecycle.inspect(r)).await;
             match inspected {

@@ -85,7 +85,7 @@ impl StateStore {
 /// A service as the state file records it.
 pub(super) fn snapshot(s: &Service) -> ServiceState {
     let config = s.config();
-    ServiceState::new(
+    let mut state = ServiceState::new(
         &s.name,
         config.deployed_options(),
         config.target_options.clone(),
@@ -95,7 +95,15 @@ pub(super) fn snapshot(s: &Service) -> ServiceState {
             .map(|c| c.state().to_string())
             .unwrap_or_default(),
     )
-    .with_rollout(s.rollout().as_deref(), s.rollout_split().as_deref())
+    .with_rollout(s.rollout().as_deref(), s.rollout_split().as_deref());
+    if let Some(c) = s.sleep_controller() {
+        let (ids, since) = c.remembered();
+        state.idle_containers = ids;
+        state.idle_since = since
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(0));
+    }
+    state
 }
 
 /// Every service as it would be saved, with `changed` in place of (or beside) the

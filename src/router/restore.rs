@@ -139,6 +139,13 @@ impl Router {
             tracing::warn!(service = %s.name, "Service has --sleep-after but the proxy runs without --docker-socket; it will not sleep");
         }
         self.sync_sleep(&service, &s.options, restored_idle);
+        if let Some(c) = service.sleep_controller() {
+            let since = u64::try_from(s.idle_since)
+                .ok()
+                .filter(|&secs| secs > 0)
+                .map(|secs| std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
+            c.restore_remembered(s.idle_containers.clone(), since);
+        }
         if service
             .sleep_controller()
             .is_none_or(|c| c.state() == IdleState::Active)

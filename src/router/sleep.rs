@@ -22,7 +22,10 @@ impl Router {
             service.set_sleep_controller(None);
             return;
         };
-        let containers = if options.sleep_containers.is_empty() {
+        // With a selector the containers are looked up at each transition.
+        let containers = if !options.sleep_labels.is_empty() {
+            Vec::new()
+        } else if options.sleep_containers.is_empty() {
             let mut refs: Vec<String> = Vec::new();
             // The writers of the active pool, then of a live rollout pool: a sleeping
             // service with a rollout wakes the containers of both.
@@ -44,8 +47,10 @@ impl Router {
         };
         let config = SleepConfig {
             sleep_after: options.sleep_after.to_std(),
+            freeze_after: options.freeze_after.to_std(),
             wake_timeout: options.wake_timeout.to_std(),
             containers,
+            selector: options.sleep_labels.clone(),
         };
         match service.sleep_controller() {
             Some(c) => c.reconfigure(config),
@@ -140,6 +145,18 @@ mod tests {
         }
         fn inspect<'a>(&'a self, c: &'a str) -> LifecycleFuture<'a, ContainerInfo> {
             Box::pin(async move { Err(LifecycleError::NotFound(c.into())) })
+        }
+        fn freeze<'a>(&'a self, c: &'a str) -> LifecycleFuture<'a, ()> {
+            Box::pin(async move { Err(LifecycleError::NotFound(c.into())) })
+        }
+        fn thaw<'a>(&'a self, c: &'a str) -> LifecycleFuture<'a, ()> {
+            Box::pin(async move { Err(LifecycleError::NotFound(c.into())) })
+        }
+        fn list<'a>(
+            &'a self,
+            _: &'a [String],
+        ) -> LifecycleFuture<'a, Vec<crate::lifecycle::ListedContainer>> {
+            Box::pin(async { Ok(Vec::new()) })
         }
     }
 

@@ -50,6 +50,13 @@ pub struct ServiceState {
     /// `active`, `sleeping`, … (absent in upstream files: awake).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub idle_state: String,
+    /// With `--sleep-label`: the container ids the last freeze or stop acted on, which
+    /// the next wake brings back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idle_containers: Vec<String>,
+    /// Unix seconds since which the service has been frozen or asleep (0: awake).
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub idle_since: i64,
     // Legacy upstream keys, read for compatibility and never written.
     #[serde(default, skip_serializing)]
     pub active_target: String,
@@ -82,6 +89,8 @@ impl ServiceState {
             pause_controller,
             rollout_controller: None,
             idle_state,
+            idle_containers: Vec::new(),
+            idle_since: 0,
             active_target: String::new(),
             rollout_target: String::new(),
             hosts: Vec::new(),
@@ -139,6 +148,10 @@ impl ServiceState {
             .chain(rollout)
             .try_for_each(|t| crate::balancer::target::validate_target(t))
     }
+}
+
+fn is_zero_i64(v: &i64) -> bool {
+    *v == 0
 }
 
 /// What our 0.x releases wrote.

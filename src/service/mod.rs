@@ -406,13 +406,27 @@ impl Service {
                 };
             }
             // A deadline that fires while the request is held answers 504; the wake
-            // itself runs on, detached, for the next request.
-            match within(deadline, controller.admit()).await {
-                Some(Ok(in_flight)) => exchange.idle = Some(in_flight),
-                Some(Err(e)) => {
+            // itself runs on, detached, for the next request. So does a browser
+            // navigation answered with the wake page after the grace period.
+            let page = config.options.wake_page && wants_wake_page(req);
+            let held = async {
+                if page {
+                    tokio::time::timeout(WAKE_PAGE_GRACE, controller.admit()).await
+                } else {
+                    Ok(controller.admit().await)
+                }
+            };
+            match within(deadline, held).await {
+                Some(Ok(Ok(in_flight))) => exchange.idle = Some(in_flight),
+                Some(Ok(Err(e))) => {
                     return Err(Rejection::WakeFailed {
                         detail: e.to_string(),
                         retry_after: e.retry_after(),
+                    });
+                }
+                Some(Err(_)) => {
+                    return Err(Rejection::WakePage {
+                        service: self.name.clone(),
                     });
                 }
                 None => return Err(Rejection::DeadlineExceeded),
@@ -420,6 +434,23 @@ impl Service {
         }
         Ok(deadline)
     }
+}
+
+/// How long a browser navigation is held before `--wake-page` answers it: a frozen
+/// service wakes well inside it, so the page only shows for a real boot.
+const WAKE_PAGE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A browser navigation (`Sec-Fetch-Mode: navigate`, or a GET that accepts HTML): what
+/// `--wake-page` answers. API calls, form posts and fetches are held as always.
+fn wants_wake_page<B>(req: &Request<B>) -> bool {
+    if req.method() != Method::GET {
+        return false;
+    }
+    let h = req.headers();
+    h.get("sec-fetch-mode").is_some_and(|v| v == "navigate")
+        || h.get_all(header::ACCEPT)
+            .iter()
+            .any(|v| v.to_str().is_ok_and(|v| v.contains("text/html")))
 }
 
 /// Runs `f` until `deadline`, if there is one; `None` when the deadline passed first.
@@ -519,6 +550,36 @@ mod tests {
         assert_eq!(routed_path("/app/", "/app", true), "/");
         assert_eq!(routed_path("/app/show", "/app", false), "/app/show");
         assert_eq!(routed_path("/x", "/", true), "/x");
+    }
+
+    #[test]
+    fn only_browser_navigations_get_the_wake_page() {
+        let req = |method: Method, headers: &[(&str, &str)]| {
+            let mut b = Request::builder().method(method).uri("/");
+            for (k, v) in headers {
+                b = b.header(*k, *v);
+            }
+            b.body(()).unwrap()
+        };
+        let browser = "text/html,application/xhtml+xml,*/*;q=0.8";
+        assert!(wants_wake_page(&req(Method::GET, &[("accept", browser)])));
+        assert!(wants_wake_page(&req(
+            Method::GET,
+            &[("sec-fetch-mode", "navigate")]
+        )));
+        // API calls, fetches, form posts and HEAD are held as always.
+        assert!(!wants_wake_page(&req(Method::GET, &[])));
+        assert!(!wants_wake_page(&req(
+            Method::GET,
+            &[("accept", "application/json")]
+        )));
+        assert!(!wants_wake_page(&req(Method::GET, &[("accept", "*/*")])));
+        assert!(!wants_wake_page(&req(
+            Method::GET,
+            &[("sec-fetch-mode", "cors"), ("accept", "application/json")]
+        )));
+        assert!(!wants_wake_page(&req(Method::POST, &[("accept", browser)])));
+        assert!(!wants_wake_page(&req(Method::HEAD, &[("accept", browser)])));
     }
 
     #[test]

@@ -270,10 +270,22 @@ pub fn start_events_since(name: &str, since_unix: i64) -> usize {
 }
 
 /// How many times the container was started since `since_unix`, read from the engine's
-/// event stream up to a marker event this call causes itself (a labelled volume created
-/// and removed). The marker is the positive signal: every start the engine recorded
-/// before it is counted, so "none" means none happened, with no waiting and hoping.
+/// event stream up to a marker event this call causes itself (see [`actions_before_marker`]).
 pub async fn starts_before_marker(name: &str, since_unix: i64) -> usize {
+    actions_before_marker(name, &since_unix.to_string())
+        .await
+        .iter()
+        .filter(|a| *a == "start")
+        .count()
+}
+
+/// Everything the engine did to the container (`start`, `pause`, `unpause`, `kill`,
+/// `stop`, `die`, …, in order) since `since` (Unix seconds, fractional allowed: see
+/// [`now_precise`]), read from the event stream up to a marker
+/// event this call causes itself (a labelled volume created and removed). The marker is
+/// the positive signal: every action the engine recorded before it is listed, so "none"
+/// means none happened, with no waiting and hoping.
+pub async fn actions_before_marker(name: &str, since: &str) -> Vec<String> {
     let marker = format!("kamal-proxy-test-marker-{}", unique_suffix());
     let docker = |args: Vec<String>| async move {
         let out = tokio::process::Command::new("docker")
@@ -299,7 +311,7 @@ pub async fn starts_before_marker(name: &str, since_unix: i64) -> usize {
             let args = owned(&[
                 "events",
                 "--since",
-                &since_unix.to_string(),
+                since,
                 "--until",
                 &until_now(),
                 "--filter",
@@ -311,12 +323,14 @@ pub async fn starts_before_marker(name: &str, since_unix: i64) -> usize {
             ]);
             let marker = marker.clone();
             async move {
-                let mut starts = 0;
+                let mut actions = Vec::new();
                 for line in docker(args).await.lines() {
                     let fields: Vec<&str> = line.split_whitespace().collect();
                     match fields.as_slice() {
-                        ["volume", "create", id, ..] if *id == marker => return Some(starts),
-                        ["container", "start", _, n] if *n == name => starts += 1,
+                        ["volume", "create", id, ..] if *id == marker => return Some(actions),
+                        ["container", action, _, n] if *n == name => {
+                            actions.push(action.to_string())
+                        }
                         _ => {}
                     }
                 }
@@ -327,6 +341,17 @@ pub async fn starts_before_marker(name: &str, since_unix: i64) -> usize {
     .await
 }
 
+/// The container's state as Docker reports it: `running`, `paused`, `exited`, …
+pub fn status(name: &str) -> String {
+    let out = docker(&["inspect", "--format", "{{.State.Status}}", name]);
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Runs `docker <args>` (a test's own container operations: start, stop, pause, rm).
+pub fn run_docker(args: &[&str]) {
+    docker(args);
+}
+
 /// Fractional "now" for `docker events --until`: a whole-second bound would either cut
 /// off this second's events or, rounded up, make `docker events` wait for the future.
 fn until_now() -> String {
@@ -334,6 +359,12 @@ fn until_now() -> String {
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970");
     format!("{}.{:09}", now.as_secs(), now.subsec_nanos())
+}
+
+/// Now, as a fractional Unix timestamp for `docker events --since`: events earlier in the
+/// same second are not included.
+pub fn now_precise() -> String {
+    until_now()
 }
 
 pub fn now_unix() -> i64 {
@@ -472,10 +503,20 @@ pub fn run_app_container_with(
     boot_delay: Duration,
     docker_options: &[&str],
 ) -> TestContainer {
+    run_app_container_on(name_prefix, free_port(), boot_delay, docker_options)
+}
+
+/// [`run_app_container_with`] on a given port: a container recreated in place of another
+/// (as `kamal app boot` does), reachable at the same target.
+pub fn run_app_container_on(
+    name_prefix: &str,
+    port: u16,
+    boot_delay: Duration,
+    docker_options: &[&str],
+) -> TestContainer {
     let binary = test_backend_binary();
     let dir = binary.parent().expect("examples dir").display().to_string();
     let image = ensure_test_image();
-    let port = free_port();
     let container = TestContainer {
         name: format!("{name_prefix}-{}", unique_suffix()),
         port,

@@ -105,7 +105,11 @@ fn description() -> impl Strategy<Value = ServiceDescription> {
         (".{0,8}", ".{0,8}", any::<bool>(), ".{0,8}", ".{0,8}"),
         prop::collection::vec(".{0,8}", 0..3),
         prop::collection::vec(".{0,8}", 0..3),
-        (".{0,8}", prop::collection::vec(".{0,8}", 0..2)),
+        (
+            ".{0,8}",
+            prop::collection::vec(".{0,8}", 0..2),
+            prop::option::of(any::<u64>()),
+        ),
         (
             prop::collection::vec(".{0,8}", 0..2),
             prop::option::of(any::<i64>()),
@@ -117,7 +121,7 @@ fn description() -> impl Strategy<Value = ServiceDescription> {
                 (host, path, tls, target, state),
                 hosts,
                 targets,
-                (sleep_state, sleep_containers),
+                (sleep_state, sleep_containers, asleep_seconds),
                 (rollout_targets, rollout_percentage, rollout_allowlist),
             )| ServiceDescription {
                 host,
@@ -135,6 +139,7 @@ fn description() -> impl Strategy<Value = ServiceDescription> {
                 rollout_allowlist,
                 sleep_state,
                 sleep_containers,
+                asleep_seconds,
             },
         )
 }

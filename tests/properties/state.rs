@@ -103,6 +103,10 @@ pub fn service_options() -> impl Strategy<Value = ServiceOptions> {
                 client_ip_header: ip_header,
                 sleep_after,
                 wake_timeout,
+                // The newer sleep keys reuse generated values: any value must round-trip.
+                freeze_after: wake_timeout,
+                sleep_labels: sleep_containers.clone(),
+                wake_page: ws,
                 sleep_containers,
                 allow_ips,
                 trusted_proxies: trusted,
@@ -177,7 +181,11 @@ fn service_state() -> impl Strategy<Value = ServiceState> {
         ),
         (0u8..3, ".{0,12}", any::<i64>()),
         rollout_controller(),
-        prop_oneof![Just(""), Just("active"), Just("sleeping")],
+        (
+            prop_oneof![Just(""), Just("active"), Just("sleeping"), Just("frozen")],
+            prop::collection::vec("[0-9a-f]{1,12}", 0..2),
+            0i64..4_000_000_000,
+        ),
     )
         .prop_map(
             |(
@@ -187,7 +195,7 @@ fn service_state() -> impl Strategy<Value = ServiceState> {
                 (active, readers, rollout, rollout_readers),
                 (state, stop_message, fail_after),
                 rollout_controller,
-                idle,
+                (idle, idle_containers, idle_since),
             )| ServiceState {
                 name,
                 options,
@@ -203,6 +211,8 @@ fn service_state() -> impl Strategy<Value = ServiceState> {
                 },
                 rollout_controller,
                 idle_state: idle.to_string(),
+                idle_containers,
+                idle_since,
                 active_target: String::new(),
                 rollout_target: String::new(),
                 hosts: Vec::new(),

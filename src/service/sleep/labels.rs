@@ -17,7 +17,14 @@ use crate::options::ServiceOptions;
 pub const LABEL_PREFIX: &str = "kamal-proxy.";
 
 /// Every scale-to-zero deploy flag, by name. A flag added here is also a label.
-pub const SLEEP_FLAGS: &[&str] = &["sleep-after", "wake-timeout", "sleep-container"];
+pub const SLEEP_FLAGS: &[&str] = &[
+    "sleep-after",
+    "wake-timeout",
+    "sleep-container",
+    "freeze-after",
+    "sleep-label",
+    "wake-page",
+];
 
 /// The label that stands in for a sleep flag.
 pub fn label_for(flag: &str) -> String {
@@ -30,17 +37,23 @@ pub fn apply_value(options: &mut ServiceOptions, flag: &str, value: &str) -> Res
         "sleep-after" => options.sleep_after = gotime::parse_flag(value)?,
         "wake-timeout" => options.wake_timeout = gotime::parse_flag(value)?,
         // A label holds one string: several containers are comma-separated.
-        "sleep-container" => {
-            options.sleep_containers = value
-                .split(',')
-                .map(str::trim)
-                .filter(|c| !c.is_empty())
-                .map(str::to_string)
-                .collect();
-        }
+        "sleep-container" => options.sleep_containers = comma_list(value),
+        "freeze-after" => options.freeze_after = gotime::parse_flag(value)?,
+        // `kamal-proxy.sleep-label=service=app,role=web`
+        "sleep-label" => options.sleep_labels = comma_list(value),
+        "wake-page" => options.wake_page = crate::config::parse_go_bool(value)?,
         other => return Err(format!("unknown sleep flag \"{other}\"")),
     }
     Ok(())
+}
+
+fn comma_list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 /// The sleep flags a deploy left unset: not named as given by the CLI, and at their
@@ -54,6 +67,9 @@ pub fn unset_flags(options: &ServiceOptions, given: &[String]) -> Vec<&'static s
             "sleep-after" => options.sleep_after == Default::default(),
             "wake-timeout" => options.wake_timeout == Default::default(),
             "sleep-container" => options.sleep_containers.is_empty(),
+            "freeze-after" => options.freeze_after == Default::default(),
+            "sleep-label" => options.sleep_labels.is_empty(),
+            "wake-page" => !options.wake_page,
             _ => true,
         })
         .collect()
@@ -151,6 +167,18 @@ mod tests {
         fn stop<'a>(&'a self, _: &'a str, _: Duration) -> LifecycleFuture<'a, ()> {
             Box::pin(async { Ok(()) })
         }
+        fn freeze<'a>(&'a self, _: &'a str) -> LifecycleFuture<'a, ()> {
+            Box::pin(async { Ok(()) })
+        }
+        fn thaw<'a>(&'a self, _: &'a str) -> LifecycleFuture<'a, ()> {
+            Box::pin(async { Ok(()) })
+        }
+        fn list<'a>(
+            &'a self,
+            _: &'a [String],
+        ) -> LifecycleFuture<'a, Vec<crate::lifecycle::ListedContainer>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
         fn inspect<'a>(&'a self, c: &'a str) -> LifecycleFuture<'a, ContainerInfo> {
             Box::pin(async move {
                 let labels = self
@@ -162,6 +190,7 @@ mod tests {
                         .iter()
                         .map(|(k, v)| (k.to_string(), v.to_string()))
                         .collect(),
+                    ..ContainerInfo::default()
                 })
             })
         }
@@ -214,7 +243,16 @@ mod tests {
         // Given as zero on the command line: still the flag's.
         let mut o = ServiceOptions::default();
         let flags = unset_flags(&o, &["sleep-after".to_string()]);
-        assert_eq!(flags, ["wake-timeout", "sleep-container"]);
+        assert_eq!(
+            flags,
+            [
+                "wake-timeout",
+                "sleep-container",
+                "freeze-after",
+                "sleep-label",
+                "wake-page"
+            ]
+        );
         let deadline = Instant::now() + Duration::from_secs(5);
         apply_labels(&d, &["web".into()], &flags, &mut o, deadline)
             .await
@@ -239,6 +277,28 @@ mod tests {
         let mut o = ServiceOptions::default();
         apply(&d, &["web"], &mut o).await.unwrap();
         assert_eq!(o.sleep_containers, ["app-web", "app-worker"]);
+
+        let d = docker(&[(
+            "web",
+            &[
+                ("kamal-proxy.freeze-after", "30s"),
+                ("kamal-proxy.sleep-label", "service=app, role=web"),
+                ("kamal-proxy.wake-page", "true"),
+            ],
+        )]);
+        let mut o = ServiceOptions::default();
+        apply(&d, &["web"], &mut o).await.unwrap();
+        assert_eq!(o.freeze_after, GoDuration::from_secs(30));
+        assert_eq!(o.sleep_labels, ["service=app", "role=web"]);
+        assert!(o.wake_page);
+        let d = docker(&[("web", &[("kamal-proxy.wake-page", "yes")])]);
+        let err = apply(&d, &["web"], &mut ServiceOptions::default())
+            .await
+            .unwrap_err();
+        assert!(
+            err.starts_with("invalid label kamal-proxy.wake-page=\"yes\""),
+            "{err}"
+        );
     }
 
     #[tokio::test]

@@ -1,17 +1,25 @@
-//! The per-service idle controller: scale to zero.
+//! The per-service idle controller: scale to zero, in two tiers.
 //!
-//! A service idle for `sleep_after` has its containers stopped; the next real request is
-//! held while one detached task starts them and waits until the service can serve again.
+//! A service idle for `freeze_after` has its containers frozen (Docker's pause: memory
+//! kept, no CPU, back in milliseconds); idle for `sleep_after`, they are stopped. The next
+//! real request is held while one detached task thaws or starts them and waits until the
+//! service can serve again. Either tier may be used alone.
 //!
 //! ```text
-//! Active ──idle ≥ sleep_after, none in flight──▶ Stopping ──all stopped (persist)──▶ Sleeping
-//!  ▲ ▲                                               │                              │    ▲
-//!  │ └───a stop failed: restart it, targets ready────┘                     a request│    │(1)
-//!  │                                                                              ▼    │
-//!  └───started and ready (persist), or (2)─────────────────────────────────────── Waking─┘
-//!
-//!  (1) failed: stop what the wake started, back off     (2) failed, and that stop failed too
+//! Active   ──idle ≥ freeze_after──▶ Freezing ──all frozen (persist)──▶ Frozen
+//! Active   ──idle ≥ sleep_after (no freeze tier)──▶ Stopping
+//! Frozen   ──idle ≥ sleep_after in all──▶ Stopping ──all stopped (persist)──▶ Sleeping
+//! Frozen   ──a request──▶ Waking (thaw)      Sleeping ──a request──▶ Waking (start)
+//! Waking   ──ready (persist)──▶ Active
+//! Waking   ──failed: stop what may run, back off──▶ Sleeping (that stop failed too: Active)
+//! Freezing, Stopping ──failed: bring them back, targets ready──▶ Active
 //! ```
+//!
+//! The containers are either a fixed list (`--sleep-container`, or the targets' ids) or
+//! selected by Docker labels (`--sleep-label`) at each transition: a sleep acts on the
+//! running matching containers and remembers their ids; a wake starts those ids, and only
+//! a remembered one that is gone is replaced by the newest matching container, so an older
+//! version Kamal keeps for rollback is never started by a wake.
 //!
 //! A deploy that changes the container set supersedes whatever is in progress: an active
 //! service stays active, any other is woken with the new set.
@@ -36,7 +44,7 @@ use std::future::{Future, pending};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -45,6 +53,7 @@ use tokio_util::sync::CancellationToken;
 use crate::inflight::Activity;
 pub use crate::inflight::InFlight;
 use crate::lifecycle::ContainerLifecycle;
+use crate::observe::metrics::SleepMetrics;
 
 /// All the stops of one sleep (or of one cleanup) share this budget; the lifecycle is told
 /// what is left so the runtime's own kill lands inside it.
@@ -70,6 +79,8 @@ pub enum IdleState {
     Stopping,
     Sleeping,
     Waking,
+    Freezing,
+    Frozen,
 }
 
 impl IdleState {
@@ -80,18 +91,27 @@ impl IdleState {
             IdleState::Stopping => "stopping",
             IdleState::Sleeping => "sleeping",
             IdleState::Waking => "waking",
+            IdleState::Freezing => "freezing",
+            IdleState::Frozen => "frozen",
         }
     }
 
     /// Reads a persisted name with restore semantics. A proxy that died mid-transition
     /// cannot know where its containers ended up, so `stopping` and `waking` restore as
-    /// sleeping (starting a running container is harmless); a missing or unknown name
+    /// sleeping and `freezing` as frozen (a wake thaws a frozen container and starts a
+    /// stopped one, and either is harmless on a running one); a missing or unknown name
     /// restores as active, as an old state file must.
     pub fn parse(name: &str) -> Self {
         match name {
             "sleeping" | "stopping" | "waking" => IdleState::Sleeping,
+            "frozen" | "freezing" => IdleState::Frozen,
             _ => IdleState::Active,
         }
+    }
+
+    /// Frozen, or on the way there: the containers are (being) frozen, not stopped.
+    pub const fn is_frozen(self) -> bool {
+        matches!(self, IdleState::Freezing | IdleState::Frozen)
     }
 
     const fn from_u8(value: u8) -> Self {
@@ -99,6 +119,8 @@ impl IdleState {
             1 => IdleState::Stopping,
             2 => IdleState::Sleeping,
             3 => IdleState::Waking,
+            4 => IdleState::Freezing,
+            5 => IdleState::Frozen,
             _ => IdleState::Active,
         }
     }
@@ -109,6 +131,8 @@ impl IdleState {
             IdleState::Stopping => 1,
             IdleState::Sleeping => 2,
             IdleState::Waking => 3,
+            IdleState::Freezing => 4,
+            IdleState::Frozen => 5,
         }
     }
 }
@@ -122,18 +146,34 @@ impl fmt::Display for IdleState {
 /// The sleep options of one service, as deployed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SleepConfig {
-    /// Idle time before the containers are stopped; zero never sleeps.
+    /// Idle time before the containers are stopped; zero never stops them.
     pub sleep_after: Duration,
+    /// Idle time before the containers are frozen; zero never freezes them. Shorter than
+    /// `sleep_after` when both are set (the options are validated so).
+    pub freeze_after: Duration,
     /// How long a request may be held, and how long one wake may take. The service options
     /// default it (30 s); zero would fail every held request at once.
     pub wake_timeout: Duration,
-    /// The containers to stop and start, in order.
+    /// The containers to stop and start, in order (empty with a selector).
     pub containers: Vec<String>,
+    /// `key=value` Docker labels, all required: the containers are looked up at each
+    /// transition instead of being fixed.
+    pub selector: Vec<String>,
 }
 
 impl SleepConfig {
     fn may_sleep(&self) -> bool {
-        !self.sleep_after.is_zero() && !self.containers.is_empty()
+        (!self.sleep_after.is_zero() || !self.freeze_after.is_zero())
+            && (!self.containers.is_empty() || !self.selector.is_empty())
+    }
+
+    /// The idle time after which an active service leaves the active state.
+    fn first_tier_after(&self) -> Duration {
+        if self.freeze_after.is_zero() {
+            self.sleep_after
+        } else {
+            self.freeze_after
+        }
     }
 }
 
@@ -239,8 +279,13 @@ impl IdleController {
     ) -> Arc<Self> {
         let state = match restored {
             IdleState::Active => IdleState::Active,
+            IdleState::Freezing | IdleState::Frozen => IdleState::Frozen,
             _ => IdleState::Sleeping,
         };
+        let metrics = SleepMetrics::for_service(&service);
+        if let Some(m) = &metrics {
+            m.set_state(state.as_str());
+        }
         let (changed, _) = watch::channel(state);
         let shared = Arc::new(Shared {
             service,
@@ -251,6 +296,7 @@ impl IdleController {
             last_activity: AtomicU64::new(0),
             state: AtomicU8::new(state.to_u8()),
             wake_failed: AtomicBool::new(false),
+            metrics,
             nudge: Notify::new(),
             changed,
             closing: CancellationToken::new(),
@@ -262,14 +308,17 @@ impl IdleController {
                 retry_at: None,
                 closed: false,
                 operation: None,
+                remembered: Vec::new(),
+                asleep_since: None,
             }),
         });
-        if state == IdleState::Sleeping {
+        if state != IdleState::Active {
             shared.hooks.suspend();
             tracing::info!(
                 service = %shared.service,
                 containers = %shared.lock().config.containers.join(","),
-                "Restored sleeping service"
+                state = %state,
+                "Restored idle service"
             );
         }
         tokio::spawn(Arc::clone(&shared).run_timer());
@@ -280,10 +329,42 @@ impl IdleController {
         self.shared.state()
     }
 
-    /// The containers this controller stops and starts (control plane only: takes the
-    /// controller's lock).
+    /// The containers this controller stops and starts: the fixed list, or with a selector
+    /// the ids the last freeze or stop acted on (control plane only: takes the lock).
     pub fn containers(&self) -> Vec<String> {
-        self.shared.lock().config.containers.clone()
+        let inner = self.shared.lock();
+        if inner.config.selector.is_empty() {
+            inner.config.containers.clone()
+        } else {
+            inner.remembered.clone()
+        }
+    }
+
+    /// The ids the last freeze or stop acted on, and since when the service has been idle
+    /// (wall clock), for the state file.
+    pub fn remembered(&self) -> (Vec<String>, Option<SystemTime>) {
+        let inner = self.shared.lock();
+        (inner.remembered.clone(), inner.asleep_since)
+    }
+
+    /// Puts back what [`Self::remembered`] returned before a restart.
+    pub fn restore_remembered(&self, ids: Vec<String>, since: Option<SystemTime>) {
+        let mut inner = self.shared.lock();
+        inner.remembered = ids;
+        if inner.state != IdleState::Active {
+            inner.asleep_since = since;
+        }
+    }
+
+    /// How long the service has been frozen or asleep; `None` while active or waking.
+    pub fn asleep_for(&self) -> Option<Duration> {
+        let inner = self.shared.lock();
+        match inner.state {
+            IdleState::Active | IdleState::Waking => None,
+            _ => inner
+                .asleep_since
+                .map(|since| since.elapsed().unwrap_or_default()),
+        }
     }
 
     /// Admits a real request, holding it while the service wakes.
@@ -322,7 +403,11 @@ impl IdleController {
         if inner.closed {
             return;
         }
-        let containers_changed = inner.config.containers != config.containers;
+        let containers_changed = inner.config.containers != config.containers
+            || inner.config.selector != config.selector;
+        if inner.config.selector != config.selector {
+            inner.remembered.clear();
+        }
         inner.config = config;
         if containers_changed {
             tracing::info!(
@@ -357,6 +442,9 @@ impl IdleController {
         inner.generation += 1;
         inner.operation = None;
         self.shared.closing.cancel();
+        if self.shared.metrics.is_some() {
+            SleepMetrics::forget(&self.shared.service);
+        }
         self.shared.changed.send_replace(inner.state);
     }
 }
@@ -403,6 +491,8 @@ struct Shared {
     state: AtomicU8,
     /// A wake failed since the last successful one (health checks answer 503).
     wake_failed: AtomicBool,
+    /// `None` unless `--metrics-port` is set.
+    metrics: Option<Arc<SleepMetrics>>,
     /// Tells the idle timer to recompute: the last request ended, the service became
     /// active, or the durations changed.
     nudge: Notify,
@@ -425,6 +515,11 @@ struct Inner {
     closed: bool,
     /// The stop or wake in progress, so a reconfigure can cancel it.
     operation: Option<CancellationToken>,
+    /// What the last freeze or stop acted on: the ids a wake brings back (with a
+    /// selector; with a fixed list, the list itself is used).
+    remembered: Vec<String>,
+    /// When the service last left the active state for a tier (wall clock, for `list`).
+    asleep_since: Option<SystemTime>,
 }
 
 impl Inner {
@@ -436,6 +531,7 @@ impl Inner {
 }
 
 pub mod labels;
+mod selection;
 mod transitions;
 use transitions::whole_seconds;
 

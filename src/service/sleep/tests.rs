@@ -1,5 +1,5 @@
 use super::*;
-use crate::lifecycle::{ContainerInfo, LifecycleError, LifecycleFuture};
+use crate::lifecycle::{ContainerInfo, LifecycleError, LifecycleFuture, ListedContainer};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use tokio::time::{sleep, sleep_until};
@@ -13,6 +13,8 @@ const WAKE_TIMEOUT: Duration = Duration::from_secs(30);
 enum Call {
     Start(String),
     Stop(String, Duration),
+    Freeze(String),
+    Thaw(String),
 }
 
 /// Records every call; each operation can be slowed down or made to fail per container.
@@ -23,6 +25,9 @@ struct FakeLifecycle {
     stop_delay: Mutex<HashMap<String, Duration>>,
     failing_starts: Mutex<HashMap<String, LifecycleError>>,
     failing_stops: Mutex<HashMap<String, LifecycleError>>,
+    failing_thaws: Mutex<HashMap<String, LifecycleError>>,
+    /// What `list` finds (the selector is not checked: every entry matches).
+    listed: Mutex<Vec<ListedContainer>>,
 }
 
 impl FakeLifecycle {
@@ -56,6 +61,22 @@ impl FakeLifecycle {
             Some(error) => failing.insert(container.into(), error),
             None => failing.remove(container),
         };
+    }
+    fn fail_thaw(&self, container: &str, error: LifecycleError) {
+        self.failing_thaws
+            .lock()
+            .unwrap()
+            .insert(container.into(), error);
+    }
+    fn set_listed(&self, containers: &[(&str, i64, bool)]) {
+        *self.listed.lock().unwrap() = containers
+            .iter()
+            .map(|&(id, created, live)| ListedContainer {
+                id: id.into(),
+                created,
+                live,
+            })
+            .collect();
     }
     fn fail_stop(&self, container: &str, error: Option<LifecycleError>) {
         let mut failing = self.failing_stops.lock().unwrap();
@@ -99,6 +120,28 @@ impl ContainerLifecycle for FakeLifecycle {
 
     fn inspect<'a>(&'a self, _container: &'a str) -> LifecycleFuture<'a, ContainerInfo> {
         Box::pin(async { Ok(ContainerInfo::default()) })
+    }
+
+    fn freeze<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(Call::Freeze(container.into()));
+        Box::pin(async { Ok(()) })
+    }
+
+    fn thaw<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(Call::Thaw(container.into()));
+        let failed = self.failing_thaws.lock().unwrap().get(container).cloned();
+        Box::pin(async move { failed.map_or(Ok(()), Err) })
+    }
+
+    fn list<'a>(&'a self, _labels: &'a [String]) -> LifecycleFuture<'a, Vec<ListedContainer>> {
+        let listed = self.listed.lock().unwrap().clone();
+        Box::pin(async move { Ok(listed) })
     }
 }
 
@@ -172,6 +215,7 @@ fn config(containers: &[&str]) -> SleepConfig {
         sleep_after: SLEEP_AFTER,
         wake_timeout: WAKE_TIMEOUT,
         containers: containers.iter().map(|c| c.to_string()).collect(),
+        ..SleepConfig::default()
     }
 }
 
@@ -295,7 +339,7 @@ async fn sleeps_exactly_after_the_idle_period() {
         .into_iter()
         .filter_map(|c| match c {
             Call::Stop(container, _) => Some(container),
-            Call::Start(_) => None,
+            _ => None,
         })
         .collect();
     assert_eq!(stopped, ["a", "b"]);
@@ -827,6 +871,15 @@ async fn never_stops_under_a_request_in_flight() {
         fn inspect<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ContainerInfo> {
             self.inner.inspect(container)
         }
+        fn freeze<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
+            self.inner.freeze(container)
+        }
+        fn thaw<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()> {
+            self.inner.thaw(container)
+        }
+        fn list<'a>(&'a self, labels: &'a [String]) -> LifecycleFuture<'a, Vec<ListedContainer>> {
+            self.inner.list(labels)
+        }
     }
 
     let in_flight = Arc::new(AtomicUsize::new(0));
@@ -841,6 +894,7 @@ async fn never_stops_under_a_request_in_flight() {
             sleep_after: Duration::from_micros(200),
             wake_timeout: Duration::from_secs(10),
             containers: vec!["a".into()],
+            ..SleepConfig::default()
         },
         lifecycle.clone(),
         Arc::new(FakeHooks::default()),
@@ -882,4 +936,213 @@ fn wake_errors_explain_themselves_without_detail() {
     assert_eq!(failed.retry_after(), Some(Duration::from_secs(4)));
     assert!(failed.to_string().contains("4s"));
     assert_eq!(WakeError::Closed.retry_after(), None);
+}
+
+// ---- The freeze tier ------------------------------------------------------------------
+
+const FREEZE_AFTER: Duration = Duration::from_secs(20);
+
+fn tiered(containers: &[&str]) -> Harness {
+    harness_with(
+        SleepConfig {
+            freeze_after: FREEZE_AFTER,
+            ..config(containers)
+        },
+        IdleState::Active,
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn freezes_first_then_stops_once_idle_for_sleep_after() {
+    let h = tiered(&["a", "b"]);
+    pass(FREEZE_AFTER - Duration::from_millis(1)).await;
+    assert_eq!(h.controller.state(), IdleState::Active);
+    pass(Duration::from_millis(1)).await;
+    assert_eq!(h.controller.state(), IdleState::Frozen);
+    assert_eq!(
+        h.lifecycle.calls(),
+        [Call::Freeze("a".into()), Call::Freeze("b".into())]
+    );
+    assert_eq!(h.hooks.suspends(), 1);
+    assert_eq!(h.hooks.persists(), 1);
+    assert!(h.controller.asleep_for().is_some());
+    // Health checks are answered as while asleep.
+    assert_eq!(h.controller.health_check(), HealthAnswer::Healthy);
+
+    // Idle for sleep_after in all (not freeze_after + sleep_after): stopped.
+    pass(SLEEP_AFTER - FREEZE_AFTER - Duration::from_millis(1)).await;
+    assert_eq!(h.controller.state(), IdleState::Frozen);
+    pass(Duration::from_millis(1)).await;
+    assert_eq!(h.controller.state(), IdleState::Sleeping);
+    assert_eq!(h.lifecycle.stops(), 2);
+    assert_eq!(h.hooks.suspends(), 1, "the pools were suspended once");
+    assert_eq!(h.hooks.persists(), 2);
+
+    // From there a request starts them, as for any sleeping service.
+    let _guard = h.controller.admit().await.unwrap();
+    assert_eq!(h.lifecycle.starts(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_to_a_frozen_service_thaws_it_without_a_start() {
+    let h = tiered(&["a"]);
+    pass(FREEZE_AFTER).await;
+    assert_eq!(h.controller.state(), IdleState::Frozen);
+
+    let guard = h.controller.admit().await.unwrap();
+    assert_eq!(h.controller.state(), IdleState::Active);
+    assert!(h.controller.asleep_for().is_none());
+    let calls = h.lifecycle.calls();
+    assert_eq!(calls.last(), Some(&Call::Thaw("a".into())));
+    assert_eq!(h.lifecycle.starts(), 0);
+    assert_eq!(h.lifecycle.stops(), 0);
+    drop(guard);
+    // Idle again: frozen again after freeze_after, counted from the request's end.
+    pass(FREEZE_AFTER).await;
+    assert_eq!(h.controller.state(), IdleState::Frozen);
+}
+
+#[tokio::test(start_paused = true)]
+async fn freeze_alone_never_stops() {
+    let h = harness_with(
+        SleepConfig {
+            freeze_after: FREEZE_AFTER,
+            sleep_after: Duration::ZERO,
+            ..config(&["a"])
+        },
+        IdleState::Active,
+    );
+    pass(FREEZE_AFTER).await;
+    assert_eq!(h.controller.state(), IdleState::Frozen);
+    pass(SLEEP_AFTER * 10).await;
+    assert_eq!(h.controller.state(), IdleState::Frozen);
+    assert_eq!(h.lifecycle.stops(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_thaw_is_a_failed_wake() {
+    let h = tiered(&["a"]);
+    pass(FREEZE_AFTER).await;
+    h.lifecycle.fail_thaw(
+        "a",
+        LifecycleError::Daemon {
+            container: "a".into(),
+            status: 500,
+            body: "cgroup freezer gone".into(),
+        },
+    );
+    let error = h.controller.admit().await.unwrap_err();
+    assert_eq!(
+        error,
+        WakeError::Failed {
+            retry_after: Duration::from_secs(1)
+        }
+    );
+    settle().await;
+    // As after any failed wake: what may run is stopped, the service sleeps, backs off
+    // and reports unhealthy.
+    assert_eq!(h.controller.state(), IdleState::Sleeping);
+    assert_eq!(h.lifecycle.stops(), 1);
+    assert_eq!(h.controller.health_check(), HealthAnswer::Unhealthy);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restored_frozen_service_stays_frozen_until_a_request_thaws_it() {
+    let h = harness_with(
+        SleepConfig {
+            freeze_after: FREEZE_AFTER,
+            ..config(&["a"])
+        },
+        IdleState::parse("frozen"),
+    );
+    assert_eq!(h.controller.state(), IdleState::Frozen);
+    assert_eq!(h.hooks.suspends(), 1);
+    assert!(
+        h.lifecycle.calls().is_empty(),
+        "restore touches no container"
+    );
+    let _guard = h.controller.admit().await.unwrap();
+    assert_eq!(h.lifecycle.calls(), [Call::Thaw("a".into())]);
+}
+
+// ---- Selection by labels --------------------------------------------------------------
+
+fn selected() -> Harness {
+    harness_with(
+        SleepConfig {
+            selector: vec!["service=app".into()],
+            ..config(&[])
+        },
+        IdleState::Active,
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sleep_stops_the_running_matches_and_a_wake_starts_exactly_those() {
+    let h = selected();
+    // Kamal keeps the older, stopped version under the same labels.
+    h.lifecycle
+        .set_listed(&[("old", 100, false), ("current", 200, true)]);
+    h.put_to_sleep().await;
+    let stops: Vec<Call> = h
+        .lifecycle
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::Stop(..)))
+        .collect();
+    assert_eq!(stops.len(), 1);
+    assert!(matches!(&stops[0], Call::Stop(c, _) if c == "current"));
+    assert_eq!(h.controller.containers(), ["current"]);
+
+    // A newer stopped container appeared meanwhile: still, the remembered one wakes.
+    h.lifecycle.set_listed(&[
+        ("old", 100, false),
+        ("current", 200, false),
+        ("newer", 300, false),
+    ]);
+    let _guard = h.controller.admit().await.unwrap();
+    assert_eq!(
+        h.lifecycle.calls().last(),
+        Some(&Call::Start("current".into()))
+    );
+    assert_eq!(h.lifecycle.starts(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_remembered_container_that_is_gone_is_replaced_by_the_newest_match() {
+    let h = selected();
+    h.lifecycle
+        .set_listed(&[("old", 100, false), ("current", 200, true)]);
+    h.put_to_sleep().await;
+    // Pruned while asleep; an older version is still there, and a newer one.
+    h.lifecycle
+        .fail_start("current", Some(LifecycleError::NotFound("current".into())));
+    h.lifecycle
+        .set_listed(&[("old", 100, false), ("next", 300, false)]);
+    let _guard = h.controller.admit().await.unwrap();
+    let starts: Vec<Call> = h
+        .lifecycle
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::Start(_)))
+        .collect();
+    assert_eq!(
+        starts,
+        [Call::Start("current".into()), Call::Start("next".into())]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_container_matching_is_a_failed_wake() {
+    let h = selected();
+    h.lifecycle.set_listed(&[("current", 200, true)]);
+    h.put_to_sleep().await;
+    h.lifecycle
+        .fail_start("current", Some(LifecycleError::NotFound("current".into())));
+    h.lifecycle.set_listed(&[]);
+    let error = h.controller.admit().await.unwrap_err();
+    assert!(matches!(error, WakeError::Failed { .. }), "{error:?}");
+    settle().await;
+    assert_eq!(h.controller.state(), IdleState::Sleeping);
+    assert_eq!(h.controller.health_check(), HealthAnswer::Unhealthy);
 }

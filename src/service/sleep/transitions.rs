@@ -2,13 +2,13 @@
 //! the recoveries after a failed stop or wake. The state they share is defined in the
 //! parent module; everything here runs on the controller's own tasks or under its lock.
 
-use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::{Instant, sleep_until, timeout_at};
 
+use super::selection::{Plan, WakeFailure};
 use super::*;
 use crate::lifecycle::LifecycleError;
 
@@ -17,31 +17,6 @@ use crate::lifecycle::LifecycleError;
 pub(super) struct StopReport {
     stopped: Vec<String>,
     failed: Vec<(String, LifecycleError)>,
-}
-
-/// Why a wake failed; logged, never shown to a client.
-#[derive(Debug)]
-pub(super) enum WakeFailure {
-    Start {
-        container: String,
-        error: LifecycleError,
-    },
-    OutOfTime,
-    NotReady,
-}
-
-impl fmt::Display for WakeFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WakeFailure::Start { container, error } => {
-                write!(f, "starting container {container}: {error}")
-            }
-            WakeFailure::OutOfTime => f.write_str("timed out waking containers"),
-            WakeFailure::NotReady => {
-                f.write_str("no target became healthy before the wake deadline")
-            }
-        }
-    }
 }
 
 impl Shared {
@@ -82,6 +57,7 @@ impl Shared {
         // the look and the wait.
         let mut changes = self.changed.subscribe();
         let deadline = Instant::now() + self.lock().config.wake_timeout;
+        let _held = HeldRequest::new(self.metrics.as_deref());
         let expiry = sleep_until(deadline);
         tokio::pin!(expiry);
         loop {
@@ -118,10 +94,10 @@ impl Shared {
         // without a container call.
         let backoff = inner.backoff_remaining(Instant::now());
         match (inner.state, backoff) {
-            (IdleState::Sleeping | IdleState::Waking, Some(retry_after)) => {
+            (IdleState::Sleeping | IdleState::Frozen | IdleState::Waking, Some(retry_after)) => {
                 Err(WakeError::Failed { retry_after })
             }
-            (IdleState::Sleeping, None) => {
+            (IdleState::Sleeping | IdleState::Frozen, None) => {
                 self.begin_wake(&mut inner);
                 Ok(None)
             }
@@ -155,11 +131,20 @@ impl Shared {
         inner.state = state;
         inner.generation += 1;
         self.state.store(state.to_u8(), Ordering::Release);
-        if state == IdleState::Active {
-            // Back to active restarts the idle period, whoever is (or is not) waiting.
-            self.touch();
-            self.gate.fetch_or(OPEN, Ordering::AcqRel);
-            self.nudge.notify_one();
+        if let Some(m) = &self.metrics {
+            m.set_state(state.as_str());
+        }
+        match state {
+            IdleState::Active => {
+                // Back to active restarts the idle period, whoever is (or is not) waiting.
+                inner.asleep_since = None;
+                self.touch();
+                self.gate.fetch_or(OPEN, Ordering::AcqRel);
+                self.nudge.notify_one();
+            }
+            // The timer now counts towards the stopped tier.
+            IdleState::Frozen => self.nudge.notify_one(),
+            _ => {}
         }
         self.changed.send_replace(state);
     }
@@ -210,71 +195,177 @@ impl Shared {
         }
     }
 
-    /// When the service may next fall asleep, or `None` to wait for a nudge.
+    /// When the service may next freeze or fall asleep, or `None` to wait for a nudge.
     pub(super) fn next_sleep_check(&self) -> Option<Instant> {
         let inner = self.lock();
-        let eligible =
-            inner.state == IdleState::Active && !inner.closed && inner.config.may_sleep();
-        if !eligible || self.gate.load(Ordering::Acquire) & COUNT != 0 {
+        if inner.closed || !inner.config.may_sleep() {
             return None;
         }
-        Some(self.last_activity() + inner.config.sleep_after)
+        match inner.state {
+            IdleState::Active if self.gate.load(Ordering::Acquire) & COUNT == 0 => {
+                Some(self.last_activity() + inner.config.first_tier_after())
+            }
+            // Frozen since the last request: stopped once idle for `sleep_after` in all.
+            IdleState::Frozen if !inner.config.sleep_after.is_zero() => {
+                Some(self.last_activity() + inner.config.sleep_after)
+            }
+            _ => None,
+        }
     }
 
     pub(super) fn try_begin_sleep(self: &Arc<Self>) {
         let mut inner = self.lock();
-        if inner.state != IdleState::Active || inner.closed || !inner.config.may_sleep() {
+        if inner.closed || !inner.config.may_sleep() {
             return;
         }
-        // Closing the gate fails if a request is in flight; the timer waits for its end.
-        if self
-            .gate
-            .compare_exchange(OPEN, 0, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return;
-        }
-        // A request may have come and gone between the timer's deadline and the close; its
-        // end restarts the idle period.
-        if Instant::now() < self.last_activity() + inner.config.sleep_after {
-            self.gate.fetch_or(OPEN, Ordering::AcqRel);
-            return;
-        }
-        self.enter(&mut inner, IdleState::Stopping);
+        let from = inner.state;
+        let tier = match from {
+            IdleState::Active => {
+                // Closing the gate fails if a request is in flight; the timer waits for
+                // its end.
+                if self
+                    .gate
+                    .compare_exchange(OPEN, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    return;
+                }
+                // A request may have come and gone between the timer's deadline and the
+                // close; its end restarts the idle period.
+                if Instant::now() < self.last_activity() + inner.config.first_tier_after() {
+                    self.gate.fetch_or(OPEN, Ordering::AcqRel);
+                    return;
+                }
+                if inner.config.freeze_after.is_zero() {
+                    IdleState::Stopping
+                } else {
+                    IdleState::Freezing
+                }
+            }
+            IdleState::Frozen => {
+                let sleep_after = inner.config.sleep_after;
+                if sleep_after.is_zero() || Instant::now() < self.last_activity() + sleep_after {
+                    return;
+                }
+                IdleState::Stopping
+            }
+            _ => return,
+        };
+        self.enter(&mut inner, tier);
         let generation = inner.generation;
-        let containers = inner.config.containers.clone();
-        tracing::debug!(
-            service = %self.service,
-            containers = %containers.join(","),
-            "Stopping idle service"
-        );
-        // Pools first: no probe should see (and log) the containers going down.
-        self.hooks.suspend();
+        tracing::debug!(service = %self.service, state = %tier, "Idle service leaving active");
+        if from == IdleState::Active {
+            // Pools first: no probe should see (and log) the containers going down.
+            self.hooks.suspend();
+            inner.asleep_since = Some(SystemTime::now());
+        }
+        let plan = Plan::of(&inner);
         let this = Arc::clone(self);
-        self.spawn_operation(&mut inner, this.fall_asleep(generation, containers));
+        self.spawn_operation(&mut inner, this.fall_asleep(generation, from, tier, plan));
     }
 
-    pub(super) async fn fall_asleep(self: Arc<Self>, generation: u64, containers: Vec<String>) {
-        let report = self.stop_each(&containers, false).await;
+    pub(super) async fn fall_asleep(
+        self: Arc<Self>,
+        generation: u64,
+        from: IdleState,
+        tier: IdleState,
+        plan: Plan,
+    ) {
+        let frozen = tier == IdleState::Freezing;
+        let containers = match self.live_containers(&plan).await {
+            Ok(containers) => containers,
+            Err(error) => {
+                tracing::warn!(service = %self.service, labels = %plan.selector.join(","), error = %error, "Failed to list idle containers");
+                self.count_sleep(frozen, false);
+                let back = if from == IdleState::Frozen {
+                    plan.remembered.clone()
+                } else {
+                    Vec::new()
+                };
+                self.recover(
+                    generation,
+                    &back,
+                    "Failed to restore targets after a failed sleep",
+                )
+                .await;
+                return;
+            }
+        };
+        let report = if frozen {
+            self.freeze_each(&containers).await
+        } else {
+            self.stop_each(&containers, false).await
+        };
         if report.failed.is_empty() {
-            if self.settle(generation, IdleState::Sleeping, |_| {}) {
+            let state = if frozen {
+                IdleState::Frozen
+            } else {
+                IdleState::Sleeping
+            };
+            let remembered = containers.clone();
+            let settled = self.settle(generation, state, |inner| {
+                // Nothing live to act on (someone else stopped them): keep what a wake
+                // should bring back.
+                if !remembered.is_empty() {
+                    inner.remembered = remembered;
+                }
+            });
+            if settled {
                 tracing::info!(
                     service = %self.service,
                     containers = %containers.join(","),
-                    "Sleeping idle service"
+                    "{}",
+                    if frozen { "Froze idle service" } else { "Sleeping idle service" }
                 );
+                self.count_sleep(frozen, true);
                 self.hooks.persist();
             }
             return;
         }
-        self.log_stop_failures(&report.failed, "Failed to stop idle container");
-        // Held requests stay held until the service can serve again.
+        self.count_sleep(frozen, false);
+        self.log_stop_failures(
+            &report.failed,
+            if frozen {
+                "Failed to freeze idle container"
+            } else {
+                "Failed to stop idle container"
+            },
+        );
+        // Held requests stay held until the service can serve again. From frozen, the
+        // containers this stop did not reach are still frozen: bring them all back.
+        let back = if from == IdleState::Frozen {
+            containers
+        } else {
+            report.stopped
+        };
         self.recover(
             generation,
-            &report.stopped,
+            &back,
             "Failed to restore targets after a failed sleep",
         )
         .await;
+    }
+
+    fn count_sleep(&self, frozen: bool, ok: bool) {
+        if let Some(m) = &self.metrics {
+            m.slept(frozen, ok);
+        }
+    }
+
+    /// Freezes each container under one shared budget, attempting every one.
+    pub(super) async fn freeze_each(&self, containers: &[String]) -> StopReport {
+        let deadline = Instant::now() + STOP_BUDGET;
+        let mut report = StopReport::default();
+        for container in containers {
+            let outcome = timeout_at(deadline, self.lifecycle.freeze(container))
+                .await
+                .unwrap_or_else(|_| Err(LifecycleError::Timeout(container.clone())));
+            match outcome {
+                Ok(()) => report.stopped.push(container.clone()),
+                Err(error) => report.failed.push((container.clone(), error)),
+            }
+        }
+        report
     }
 
     /// Stops each container in order under one shared budget, attempting every one even
@@ -338,28 +429,33 @@ impl Shared {
     // ---- Waking -----------------------------------------------------------------------
 
     pub(super) fn begin_wake(self: &Arc<Self>, inner: &mut Inner) {
+        // A wake superseding a freeze in progress thaws; anything else starts (each also
+        // handles the other tier, see `ContainerLifecycle`).
+        let frozen = inner.state.is_frozen();
         self.enter(inner, IdleState::Waking);
         let generation = inner.generation;
         let deadline = Instant::now() + inner.config.wake_timeout;
-        let containers = inner.config.containers.clone();
+        let plan = Plan::of(inner);
         let this = Arc::clone(self);
-        self.spawn_operation(inner, this.wake(generation, containers, deadline));
+        self.spawn_operation(inner, this.wake(generation, frozen, plan, deadline));
     }
 
     pub(super) async fn wake(
         self: Arc<Self>,
         generation: u64,
-        containers: Vec<String>,
+        frozen: bool,
+        plan: Plan,
         deadline: Instant,
     ) {
         let began = Instant::now();
-        let list = containers.join(",");
-        tracing::info!(service = %self.service, containers = %list, "Waking service");
+        let tier = if frozen { "frozen" } else { "sleeping" };
+        tracing::info!(service = %self.service, containers = %plan.describe(), from = tier, "Waking service");
         let mut maybe_running = Vec::new();
-        match self
-            .bring_up(&containers, deadline, &mut maybe_running)
-            .await
-        {
+        let outcome = self
+            .bring_up(&plan, frozen, deadline, &mut maybe_running)
+            .await;
+        let list = maybe_running.join(",");
+        match outcome {
             Ok(()) => {
                 let awake = self.settle(generation, IdleState::Active, |inner| {
                     inner.failures = 0;
@@ -367,42 +463,70 @@ impl Shared {
                     self.wake_failed.store(false, Ordering::Release);
                 });
                 if awake {
+                    let took = began.elapsed();
                     tracing::info!(
                         service = %self.service,
                         containers = %list,
-                        wake_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
+                        from = tier,
+                        wake_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
                         "Service awake"
                     );
+                    if let Some(m) = &self.metrics {
+                        m.woke(frozen, true, took.as_secs_f64());
+                    }
                     self.hooks.persist();
                 }
             }
             Err(failure) => {
                 tracing::warn!(
                     service = %self.service,
-                    containers = %list,
+                    containers = %plan.describe(),
+                    from = tier,
                     error = %failure,
                     "Failed to wake service"
                 );
                 if self.record_wake_failure(generation) {
-                    self.stand_down(generation, &maybe_running).await;
+                    if let Some(m) = &self.metrics {
+                        m.woke(frozen, false, 0.0);
+                    }
+                    // A failed thaw leaves the rest frozen: stop them all, as asleep.
+                    let cleanup = if frozen {
+                        plan.wake_targets()
+                    } else {
+                        maybe_running
+                    };
+                    self.stand_down(generation, &cleanup).await;
                 }
             }
         }
     }
 
-    /// Starts each container in order (aborting on the first error), then waits for the
-    /// pools, all inside the wake's deadline. `maybe_running` collects what this wake may
-    /// have started, for the cleanup if it fails.
+    /// Thaws (from frozen) or starts each container in order (aborting on the first
+    /// error), then waits for the pools, all inside the wake's deadline. `maybe_running`
+    /// collects what this wake may have started, for the cleanup if it fails.
     pub(super) async fn bring_up(
         &self,
-        containers: &[String],
+        plan: &Plan,
+        frozen: bool,
         deadline: Instant,
         maybe_running: &mut Vec<String>,
     ) -> Result<(), WakeFailure> {
-        for container in containers {
+        let mut gone = plan.remembered.is_empty();
+        for container in &plan.wake_targets() {
             maybe_running.push(container.clone());
-            match timeout_at(deadline, self.lifecycle.start(container)).await {
+            let op = if frozen {
+                self.lifecycle.thaw(container)
+            } else {
+                self.lifecycle.start(container)
+            };
+            match timeout_at(deadline, op).await {
                 Ok(Ok(())) => {}
+                // With a selector, a remembered container that is gone (Kamal pruned it)
+                // is replaced below by the newest one the labels match.
+                Ok(Err(LifecycleError::NotFound(_))) if !plan.selector.is_empty() => {
+                    maybe_running.pop();
+                    gone = true;
+                }
                 Ok(Err(error)) => {
                     if !may_have_started(&error) {
                         maybe_running.pop();
@@ -412,6 +536,9 @@ impl Shared {
                 }
                 Err(_) => return Err(WakeFailure::OutOfTime),
             }
+        }
+        if !plan.selector.is_empty() && gone {
+            self.wake_stand_in(plan, deadline, maybe_running).await?;
         }
         match timeout_at(deadline, self.hooks.resume_until_ready(deadline)).await {
             Ok(Ok(())) => Ok(()),
@@ -452,6 +579,26 @@ impl Shared {
             "Failed to restore targets after a failed wake",
         )
         .await;
+    }
+}
+
+/// Counts a request in the held-requests gauge for as long as it waits.
+pub(super) struct HeldRequest<'a>(Option<&'a SleepMetrics>);
+
+impl<'a> HeldRequest<'a> {
+    pub(super) fn new(metrics: Option<&'a SleepMetrics>) -> Self {
+        if let Some(m) = metrics {
+            m.held(1);
+        }
+        HeldRequest(metrics)
+    }
+}
+
+impl Drop for HeldRequest<'_> {
+    fn drop(&mut self) {
+        if let Some(m) = self.0 {
+            m.held(-1);
+        }
     }
 }
 
