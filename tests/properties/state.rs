@@ -34,11 +34,12 @@ pub fn service_options() -> impl Strategy<Value = ServiceOptions> {
         (
             prop_oneof![
                 Just(vec![String::new()]),
-                prop::collection::vec("[a-z0-9.*-]{1,20}", 1..3)
+                // No trailing dot: deploys store hosts without it.
+                prop::collection::vec("[a-z0-9.*-]{0,19}[a-z0-9*-]", 1..3)
             ],
             prop::collection::vec(".{0,10}", 1..3),
             any::<(bool, bool, bool, bool)>(),
-            (".{0,8}", ".{0,8}", ".{0,8}", ".{0,8}"),
+            (".{0,8}", ".{0,8}", ".{0,8}", "([a-z0-9.-]{0,7}[a-z0-9-])?"),
             (".{0,8}", ".{0,8}", ".{0,8}", ".{0,8}"),
         ),
         (
