@@ -69,11 +69,11 @@ async fn the_socket_is_private_whatever_the_umask_and_callers_are_checked() {
         stderr.contains(&format!("permission denied: uid {uid} may not control")),
         "{stderr}"
     );
-    assert!(
-        p.logs()
-            .iter()
-            .any(|l| l.contains("Refused control connection"))
-    );
+    // The log reaches us through the server's writer thread and a pipe: wait for it.
+    p.wait_for_log("the refusal in the server's log", |l| {
+        l.contains("Refused control connection")
+    })
+    .await;
     assert!(!p.ok(&["list"]).await.contains("intruder"));
 }
 
