@@ -4,7 +4,7 @@ use clap::Args;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use super::values::{duration, go_bool, int64, port};
+use super::values::{duration, go_bool, int64, non_empty, port};
 use crate::config::{env_bool, env_int, env_value};
 use crate::control::server::ControlListener;
 use crate::gotime::GoDuration;
@@ -12,8 +12,10 @@ use crate::lifecycle::ContainerLifecycle;
 use crate::lifecycle::docker::{check_socket_path, connect};
 use crate::router::{RestorePolicy, Router};
 use crate::server::handover::{self, HandoverListener, Inherited, Role};
-use crate::server::limits::{self, ConnectionSlots, Limits};
+use crate::server::limits::{self, ConnectionSlots, Limits, Timeouts};
+use crate::server::proxy_protocol::{self, ProxyProtocol};
 use crate::server::{self, Proxy, Shutdown};
+use crate::service::gates::client_ip::IpList;
 
 #[derive(Args, Debug)]
 #[command(
@@ -21,7 +23,9 @@ use crate::server::{self, Proxy, Shutdown};
     long_about = "Run the server.\n\n\
 Each flag can also be set from the environment: KAMAL_PROXY_<NAME>, then <NAME>\n\
 (e.g. KAMAL_PROXY_HTTP_PORT or HTTP_PORT); an explicit flag wins.\n\n\
-Example:\n  kamal-proxy run --http-port=8080 --metrics-port=9090\n  kamal-proxy run --data-dir=/var/lib/kamal-proxy --recheck-targets-on-restore"
+Durations take Go's syntax (500ms, 30s, 1m30s); a timeout of 0 means no limit.\n\n\
+Example:\n  kamal-proxy run --http-port=8080 --metrics-port=9090\n  kamal-proxy run --data-dir=/var/lib/kamal-proxy --recheck-targets-on-restore\n  \
+kamal-proxy run --proxy-protocol --proxy-protocol-allow-ip=10.0.0.0/8 --idle-timeout=2m"
 )]
 pub struct RunArgs {
     /// Upstream accepts and ignores positional arguments.
@@ -55,8 +59,43 @@ pub struct RunArgs {
     docker_socket: String,
     /// Answer 408 and close the connection when a client sends no byte of its request
     /// body for this long (0 = wait for ever) [env: KAMAL_PROXY_BODY_READ_TIMEOUT, BODY_READ_TIMEOUT]
-    #[arg(long = "body-read-timeout", value_parser = body_read_timeout, default_value_t = env_parsed("BODY_READ_TIMEOUT", body_read_timeout, GoDuration::from_secs(60)), value_name = "DURATION")]
+    #[arg(long = "body-read-timeout", value_parser = timeout, default_value_t = env_parsed("BODY_READ_TIMEOUT", timeout, GoDuration::from_secs(60)), value_name = "DURATION")]
     body_read_timeout: GoDuration,
+    /// Close a connection whose request head has not fully arrived this long after its
+    /// first byte (the first request's: after the connection opened); also bounds a PROXY
+    /// protocol header [env: KAMAL_PROXY_READ_HEADER_TIMEOUT, READ_HEADER_TIMEOUT]
+    #[arg(long = "read-header-timeout", value_parser = timeout, default_value_t = env_parsed("READ_HEADER_TIMEOUT", timeout, GoDuration::from_secs(30)), value_name = "DURATION")]
+    read_header_timeout: GoDuration,
+    /// The longest a client may take to send a whole request: its head (the shorter of
+    /// this and --read-header-timeout), then its body (408) [env: KAMAL_PROXY_READ_TIMEOUT, READ_TIMEOUT]
+    #[arg(long = "read-timeout", value_parser = timeout, default_value_t = env_parsed("READ_TIMEOUT", timeout, GoDuration::from_secs(0)), value_name = "DURATION")]
+    read_timeout: GoDuration,
+    /// Cut off a response not over this long after its request head arrived (the
+    /// connection is closed, an HTTP/2 stream reset); kills long downloads and event
+    /// streams [env: KAMAL_PROXY_WRITE_TIMEOUT, WRITE_TIMEOUT]
+    #[arg(long = "write-timeout", value_parser = timeout, default_value_t = env_parsed("WRITE_TIMEOUT", timeout, GoDuration::from_secs(0)), value_name = "DURATION")]
+    write_timeout: GoDuration,
+    /// Close a keep-alive connection idle this long: HTTP/1.1 waiting for its next
+    /// request, HTTP/2 with no open stream (GOAWAY), HTTP/3 [env: KAMAL_PROXY_IDLE_TIMEOUT, IDLE_TIMEOUT]
+    #[arg(long = "idle-timeout", value_parser = timeout, default_value_t = env_parsed("IDLE_TIMEOUT", timeout, GoDuration::from_secs(60)), value_name = "DURATION")]
+    idle_timeout: GoDuration,
+    /// On SIGTERM/SIGINT, or a drain without --drain-timeout, how long in-flight requests
+    /// get to finish [env: KAMAL_PROXY_SHUTDOWN_TIMEOUT, SHUTDOWN_TIMEOUT]
+    #[arg(long = "shutdown-timeout", value_parser = timeout, default_value_t = env_parsed("SHUTDOWN_TIMEOUT", timeout, GoDuration::from_secs(10)), value_name = "DURATION")]
+    shutdown_timeout: GoDuration,
+    /// Read a PROXY protocol header (v1 or v2, optional per connection) on the HTTP and
+    /// HTTPS ports: the client it names is the one logged, forwarded and checked by the
+    /// gates [env: KAMAL_PROXY_PROXY_PROTOCOL, PROXY_PROTOCOL]
+    #[arg(long = "proxy-protocol", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, default_value_t = env_bool("PROXY_PROTOCOL", false), value_name = "BOOL")]
+    proxy_protocol: bool,
+    /// Honour PROXY protocol headers only from these addresses/CIDRs (repeatable, or
+    /// comma-separated; others are served on their own address) [default: every peer]
+    #[arg(long = "proxy-protocol-allow-ip", value_delimiter = ',', action = clap::ArgAction::Append, value_name = "IP|CIDR")]
+    proxy_protocol_allow_ip: Vec<String>,
+    /// Serve metrics only to these connecting addresses/CIDRs, 403 to others (repeatable,
+    /// or comma-separated) [default: everyone who reaches the port]
+    #[arg(long = "metrics-allow-ip", value_delimiter = ',', action = clap::ArgAction::Append, value_name = "IP|CIDR")]
+    metrics_allow_ip: Vec<String>,
     /// Most client connections open at once on the HTTP and HTTPS ports; past it, new
     /// connections wait in the listen backlog [env: KAMAL_PROXY_MAX_CONNECTIONS, MAX_CONNECTIONS]
     #[arg(long = "max-connections", value_parser = max_connections, default_value_t = env_parsed("MAX_CONNECTIONS", max_connections, limits::DEFAULT_MAX_CONNECTIONS), value_name = "COUNT")]
@@ -92,7 +131,8 @@ fn env_parsed<T>(key: &str, parse: fn(&str) -> Result<T, String>, default: T) ->
         .unwrap_or(default)
 }
 
-fn body_read_timeout(s: &str) -> Result<GoDuration, String> {
+/// A duration flag where 0 turns the limit off.
+fn timeout(s: &str) -> Result<GoDuration, String> {
     let d = duration(s)?;
     if d.is_negative() {
         return Err("must not be negative (0 disables it)".into());
@@ -140,9 +180,30 @@ pub fn run(args: RunArgs) -> i32 {
     }
 }
 
+/// `Some` for a positive duration; 0 means no limit.
+fn limit(d: GoDuration) -> Option<std::time::Duration> {
+    d.is_positive().then(|| d.to_std())
+}
+
 async fn serve(args: RunArgs) -> Result<(), String> {
     // Dev-dependencies can compile a second provider in; never let rustls guess.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    // Checked before anything starts, even when the feature they belong to is off (as
+    // the fork): a typo is found at the first boot, not when the feature is turned on.
+    let metrics_allowed = IpList::parse(
+        &non_empty(args.metrics_allow_ip.clone()),
+        "metrics-allow-ip",
+    )?;
+    let proxy_protocol_allowed = IpList::parse(
+        &non_empty(args.proxy_protocol_allow_ip.clone()),
+        "proxy-protocol-allow-ip",
+    )?;
+    let timeouts = Timeouts {
+        read_header: limit(args.read_header_timeout),
+        read: limit(args.read_timeout),
+        write: limit(args.write_timeout),
+        idle: limit(args.idle_timeout),
+    };
     let lifecycle: Option<Arc<dyn ContainerLifecycle>> = if args.docker_socket.is_empty() {
         None
     } else {
@@ -198,7 +259,7 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         })
         .await?;
 
-    let shutdown = Arc::new(Shutdown::default());
+    let shutdown = Arc::new(Shutdown::new(args.shutdown_timeout.to_std()));
     // Metrics outlive the drain (fork F28): they stop with the process.
     let metrics_stop = CancellationToken::new();
     let mut tasks = Vec::new();
@@ -244,9 +305,12 @@ async fn serve(args: RunArgs) -> Result<(), String> {
             tracing::warn!(error = %e, "No listener hand-over: a later upgrade with --reuse-port will bind alongside instead")
         })
         .ok();
+    let metrics_allowed = Arc::new(metrics_allowed);
     let metrics_port = metrics.map(|(port, listener)| {
-        tasks.push(tokio::spawn(server::serve_metrics(
+        tasks.push(tokio::spawn(server::metrics_listener::serve(
             listener,
+            metrics_allowed,
+            timeouts,
             metrics_stop.clone(),
         )));
         port
@@ -259,7 +323,11 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         if reuse {
             return Err("--http3 cannot be combined with --reuse-port yet".into());
         }
-        Some(crate::server::h3::bind(https_port, &tls_config)?)
+        Some(crate::server::h3::bind(
+            https_port,
+            &tls_config,
+            timeouts.idle,
+        )?)
     } else {
         None
     };
@@ -280,18 +348,33 @@ async fn serve(args: RunArgs) -> Result<(), String> {
     let limits = Limits {
         max_connections: args.max_connections,
         max_header_bytes: args.max_request_header_size,
-        body_read_timeout: args
-            .body_read_timeout
-            .is_positive()
-            .then(|| args.body_read_timeout.to_std()),
+        body_read_timeout: limit(args.body_read_timeout),
+        timeouts,
     };
+    let proxy_protocol = args.proxy_protocol.then(|| {
+        if proxy_protocol_allowed.is_empty() {
+            tracing::warn!("PROXY protocol headers are honoured from every peer: anyone who reaches the ports can claim any address; list the load balancers with --proxy-protocol-allow-ip");
+        }
+        if args.http3 {
+            tracing::warn!("PROXY protocol does not cover HTTP/3 (UDP): its clients are seen at their own addresses");
+        }
+        ProxyProtocol::new(
+            proxy_protocol_allowed,
+            timeouts.head().unwrap_or(proxy_protocol::DEFAULT_TIMEOUT),
+        )
+    });
+    if !args.proxy_protocol && !args.proxy_protocol_allow_ip.is_empty() {
+        tracing::warn!("--proxy-protocol-allow-ip has no effect without --proxy-protocol");
+    }
     let proxy = Arc::new(Proxy {
         router: router.clone(),
-        forwarder: crate::proxy::Forwarder::new(limits.body_read_timeout),
+        forwarder: crate::proxy::Forwarder::new(limits.body_read_timeout)
+            .with_read_timeout(timeouts.read),
         http_port: args.http_port,
         https_port: args.https_port,
         limits,
         slots: ConnectionSlots::new(limits.max_connections),
+        proxy_protocol,
     });
     let control_task = tokio::spawn(control.serve(router.clone(), shutdown.clone()));
     let handover_task = handover.map(|h| tokio::spawn(h.serve(router.clone(), shutdown.clone())));
@@ -309,7 +392,7 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         listeners.push(tokio::spawn(crate::server::h3::serve(
             endpoint,
             proxy.clone(),
-            shutdown.stopping(),
+            shutdown.clone(),
         )));
     }
     let https_shared = crate::server::https::Https::new(proxy, tls_config, alt_svc);

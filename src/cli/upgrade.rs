@@ -9,7 +9,7 @@ use crate::gotime::GoDuration;
 
 #[derive(Args, Debug)]
 pub struct DrainCmd {
-    /// How long in-flight requests get to finish (0: the server's shutdown timeout, 10s)
+    /// How long in-flight requests get to finish (0: the server's --shutdown-timeout)
     #[arg(long = "drain-timeout", value_parser = duration, default_value = "0s", value_name = "DURATION")]
     drain_timeout: GoDuration,
 }

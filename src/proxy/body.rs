@@ -22,6 +22,8 @@ pub struct RequestBody {
     sent: Option<oneshot::Sender<()>>,
     /// `--body-read-timeout`, for a body still coming from the client.
     silence: Option<Silence>,
+    /// `--read-timeout`: when the whole body must have come.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// How long the client has left us waiting for the next byte of its body. The clock
@@ -45,7 +47,8 @@ impl Silence {
     }
 }
 
-/// The client sent no byte of its body for `--body-read-timeout`.
+/// The client sent no byte of its body for `--body-read-timeout`, or not all of it within
+/// `--read-timeout`.
 #[derive(Debug)]
 pub struct BodyReadTimeout;
 
@@ -81,6 +84,7 @@ impl RequestBody {
             kind,
             sent: None,
             silence: None,
+            deadline: None,
         }
     }
 
@@ -94,6 +98,16 @@ impl RequestBody {
                 timer: Box::pin(tokio::time::sleep(limit)),
                 waiting: false,
             });
+        }
+        self
+    }
+
+    /// Fails the body with [`BodyReadTimeout`] when the client is still sending it at
+    /// `at` (`run --read-timeout`; `None`: no limit). A body that has already ended pays
+    /// for no timer.
+    pub fn read_deadline(mut self, at: Option<tokio::time::Instant>) -> Self {
+        if let Some(at) = at.filter(|_| !self.is_end_stream()) {
+            self.deadline = Some(Box::pin(tokio::time::sleep_until(at)));
         }
         self
     }
@@ -131,6 +145,19 @@ impl Body for RequestBody {
                 this.silence = None;
                 this.sent = None;
                 return Poll::Ready(Some(Err(Box::new(BodyReadTimeout))));
+            }
+        }
+        if let Some(deadline) = this.deadline.as_mut() {
+            match polled {
+                Poll::Ready(None) => this.deadline = None,
+                // Only while the client keeps us waiting: what it has sent is taken.
+                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                    this.deadline = None;
+                    this.silence = None;
+                    this.sent = None;
+                    return Poll::Ready(Some(Err(Box::new(BodyReadTimeout))));
+                }
+                _ => {}
             }
         }
         if this.sent.is_some() && (matches!(polled, Poll::Ready(None)) || this.is_end_stream()) {

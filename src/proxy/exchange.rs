@@ -47,6 +47,11 @@ impl Exchange {
         &mut self.record
     }
 
+    /// When the request arrived (its head was read).
+    pub fn started(&self) -> tokio::time::Instant {
+        self.record.started
+    }
+
     /// The request reached a service: from here it counts in that service's metrics
     /// (`metrics` is `None` when they are off), unless its path is excluded.
     pub fn set_service(

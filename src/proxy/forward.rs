@@ -47,6 +47,8 @@ pub struct Forwarder {
     connector: HttpConnector,
     /// `run --body-read-timeout`.
     body_read_timeout: Option<Duration>,
+    /// `run --read-timeout`: the whole body, from the request's arrival.
+    read_timeout: Option<Duration>,
 }
 
 /// What the service has decided about a request before it is forwarded.
@@ -122,7 +124,15 @@ impl Forwarder {
             keep_alive: Arc::default(),
             connector,
             body_read_timeout,
+            read_timeout: None,
         }
+    }
+
+    /// `read_timeout`: how long after its head a request's whole body may take to come
+    /// (`run --read-timeout`; `None`: no limit).
+    pub fn with_read_timeout(mut self, read_timeout: Option<Duration>) -> Self {
+        self.read_timeout = read_timeout;
+        self
     }
 
     /// The pool for `host`: the shared one, unless it announced a shorter keep-alive.
@@ -187,7 +197,9 @@ impl Forwarder {
         let head_request = parts.method == http::Method::HEAD;
         // Kept for a rejection's rendering (a copy only for a non-standard method).
         let method = parts.method.clone();
-        let incoming = RequestBody::stream(incoming).read_timeout(self.body_read_timeout);
+        let incoming = RequestBody::stream(incoming)
+            .read_timeout(self.body_read_timeout)
+            .read_deadline(self.read_timeout.map(|limit| exchange.started() + limit));
         let mut body = if opts.buffer_requests && upgrade.is_none() {
             let buffered = match up.deadline {
                 Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))

@@ -72,8 +72,8 @@ pub enum Rejection {
     /// The request has no single meaning: a duplicate or missing `Host`, or a `host`
     /// that contradicts HTTP/2's `:authority` (400, connection closed).
     BadRequest { reason: &'static str },
-    /// The client sent no byte of its body for `--body-read-timeout` (408, connection
-    /// closed, as nginx's `client_body_timeout`).
+    /// The client sent no byte of its body for `--body-read-timeout`, or not all of it
+    /// within `--read-timeout` (408, connection closed, as nginx's `client_body_timeout`).
     BodyReadTimeout,
     /// A buffered request body over `--max-request-body` (413).
     RequestTooLarge,

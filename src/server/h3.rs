@@ -18,15 +18,19 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
-use super::{Proxy, SHUTDOWN_TIMEOUT, handle, normalize};
+use super::{Proxy, Shutdown, handle, normalize};
 use crate::service::Conn;
 
 type BridgeBody = BoxBody<Bytes, std::io::Error>;
 
-/// Binds the UDP socket (all interfaces, as the TCP listeners).
-pub fn bind(port: u16, tcp_config: &rustls::ServerConfig) -> Result<quinn::Endpoint, String> {
+/// Binds the UDP socket (all interfaces, as the TCP listeners). `idle`: `--idle-timeout`,
+/// the only listener timeout HTTP/3 takes (fork F27); `None` keeps idle connections.
+pub fn bind(
+    port: u16,
+    tcp_config: &rustls::ServerConfig,
+    idle: Option<Duration>,
+) -> Result<quinn::Endpoint, String> {
     let mut tls = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| format!("HTTP/3: {e}"))?
@@ -38,7 +42,8 @@ pub fn bind(port: u16, tcp_config: &rustls::ServerConfig) -> Result<quinn::Endpo
         .map_err(|e| format!("HTTP/3: {e}"))?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
     let mut transport = quinn::TransportConfig::default();
-    transport.max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(60)).ok());
+    // QUIC caps an idle timeout at 2^62 ms; a longer one is as good as none.
+    transport.max_idle_timeout(idle.and_then(|d| quinn::IdleTimeout::try_from(d).ok()));
     config.transport_config(Arc::new(transport));
     let v6 = SocketAddr::from(([0u16; 8], port));
     quinn::Endpoint::server(config.clone(), v6)
@@ -46,7 +51,8 @@ pub fn bind(port: u16, tcp_config: &rustls::ServerConfig) -> Result<quinn::Endpo
         .map_err(|e| format!("listen udp :{port}: {e}"))
 }
 
-pub async fn serve(endpoint: quinn::Endpoint, proxy: Arc<Proxy>, stop: CancellationToken) {
+pub async fn serve(endpoint: quinn::Endpoint, proxy: Arc<Proxy>, shutdown: Arc<Shutdown>) {
+    let stop = shutdown.stopping();
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => i,
@@ -94,7 +100,7 @@ pub async fn serve(endpoint: quinn::Endpoint, proxy: Arc<Proxy>, stop: Cancellat
         });
     }
     endpoint.close(0u32.into(), b"shutting down");
-    let _ = tokio::time::timeout(SHUTDOWN_TIMEOUT, endpoint.wait_idle()).await;
+    let _ = tokio::time::timeout(shutdown.grace(), endpoint.wait_idle()).await;
 }
 
 type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;

@@ -16,14 +16,18 @@ use tokio_util::sync::CancellationToken;
 
 use super::certificates::{TlsResolver, offers_acme_tls, prepare};
 use super::chunk_guard::ChunkGuard;
+use super::h1_timeouts::{Noted, Phase, ResponseOver, Watchdog};
 use super::idle::{Activity, Counted};
-use super::limits::IDLE_TIMEOUT;
-use super::{FirstRequest, Proxy, Shutdown, accept_loop, handle, http1_builder, normalize};
+use super::write_deadline::{WriteDeadline, WriteTimedOut};
+use super::{
+    FirstRequest, Proxy, Shutdown, accept_loop, drive_h1, handle, http1_builder, normalize,
+};
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
 
 /// A client gets this long to send its ClientHello, and again to finish the handshake
-/// once its certificate is ready (obtaining one has its own limit).
+/// once its certificate is ready (obtaining one has its own limit), or less when a
+/// listener timeout is shorter (as Go, which takes the shortest of them).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn server_config(resolver: Arc<TlsResolver>) -> Arc<rustls::ServerConfig> {
@@ -44,6 +48,7 @@ pub struct Https {
     pub alt_svc: Option<HeaderValue>,
     http1: hyper::server::conn::http1::Builder,
     http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+    handshake_timeout: Duration,
 }
 
 impl Https {
@@ -57,12 +62,18 @@ impl Https {
         http2
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(proxy.limits.max_header_bytes).unwrap_or(u32::MAX));
+        let t = proxy.limits.timeouts;
+        let handshake_timeout = [t.read_header, t.read, t.write]
+            .into_iter()
+            .flatten()
+            .fold(HANDSHAKE_TIMEOUT, Duration::min);
         Arc::new(Https {
             proxy,
             config,
             alt_svc,
             http1,
             http2,
+            handshake_timeout,
         })
     }
 }
@@ -96,14 +107,23 @@ async fn answer_plain_http(mut stream: TcpStream) {
 }
 
 async fn serve_connection(
-    stream: TcpStream,
+    mut stream: TcpStream,
     client: SocketAddr,
     https: Arc<Https>,
     draining: CancellationToken,
 ) {
+    // The PROXY header comes before the ClientHello.
+    let client = match &https.proxy.proxy_protocol {
+        None => client,
+        Some(pp) => match pp.client(&mut stream, client).await {
+            Some(named) => named,
+            None => return,
+        },
+    };
     let _ = stream.set_nodelay(true);
+    let handshake_timeout = https.handshake_timeout;
     let mut first = [0u8; 5];
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await {
+    match tokio::time::timeout(handshake_timeout, stream.peek(&mut first)).await {
         Ok(Ok(n)) if n > 0 => {
             if looks_like_http(&first[..n]) {
                 answer_plain_http(stream).await;
@@ -113,7 +133,7 @@ async fn serve_connection(
         _ => return,
     }
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
-    let start = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor).await {
+    let start = match tokio::time::timeout(handshake_timeout, acceptor).await {
         Ok(Ok(start)) => start,
         Ok(Err(e)) => {
             tracing::debug!(client = %client, error = %e, "TLS handshake error");
@@ -126,7 +146,7 @@ async fn serve_connection(
         let sni = hello.server_name().map(str::to_string);
         prepare(&https.proxy.router, sni.as_deref()).await;
     }
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, start.into_stream(https.config.clone()))
+    let tls = match tokio::time::timeout(handshake_timeout, start.into_stream(https.config.clone()))
         .await
     {
         Ok(Ok(tls)) => tls,
@@ -145,41 +165,34 @@ async fn serve_connection(
         tls: true,
     };
     let first = Arc::new(FirstRequest::default());
-    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    let result = if h2 {
-        serve_h2(TokioIo::new(tls), https, conn, draining, first).await
-    } else {
-        let io = TokioIo::new(ChunkGuard::new(tls));
-        let shared = https.clone();
-        let seen = first.clone();
-        let service = service_fn(move |req| {
-            seen.mark();
-            let https = shared.clone();
-            async move { Ok::<_, Infallible>(respond(&https, req, conn).await) }
-        });
-        let connection = https.http1.serve_connection(io, service).with_upgrades();
-        let mut connection = std::pin::pin!(connection);
-        tokio::select! {
-            r = connection.as_mut() => r,
-            _ = draining.cancelled() => {
-                // A connection handed over before its first request still gets it served.
-                tokio::select! {
-                    r = connection.as_mut() => r,
-                    _ = first.wait() => {
-                        connection.as_mut().graceful_shutdown();
-                        connection.await
-                    }
-                }
-            }
+    if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+        if let Err(e) = serve_h2(TokioIo::new(tls), https, conn, draining, first).await {
+            tracing::debug!(error = %e, "Connection error");
         }
-    };
-    if let Err(e) = result {
-        tracing::debug!(error = %e, "Connection error");
+        return;
     }
+    let phase = Arc::new(Phase::default());
+    let watchdog = Watchdog::new(phase.clone(), https.proxy.limits.timeouts);
+    let io = TokioIo::new(Noted::new(ChunkGuard::new(tls), phase.clone()));
+    let shared = https.clone();
+    let seen = first.clone();
+    let service = service_fn(move |req| {
+        seen.mark();
+        phase.request();
+        let over = ResponseOver::new(&phase);
+        let https = shared.clone();
+        async move {
+            let response = respond(&https, req, conn).await;
+            Ok::<_, Infallible>(response.map(|body| Counted::new(body, over)))
+        }
+    });
+    let connection = https.http1.serve_connection(io, service).with_upgrades();
+    drive_h1(connection, watchdog, &draining, &first, conn.client).await;
 }
 
 /// One HTTP/2 connection: shut down gracefully (GOAWAY, open streams finish) on drain,
-/// or once it has had no open stream for [`IDLE_TIMEOUT`].
+/// or once it has had no open stream for `--idle-timeout`. A stream whose response is not
+/// over within `--write-timeout` of its request is reset.
 async fn serve_h2<I>(
     io: I,
     https: Arc<Https>,
@@ -194,18 +207,38 @@ where
     let counted = activity.clone();
     let shared = https.clone();
     let seen = first.clone();
+    let timeouts = https.proxy.limits.timeouts;
     let service = service_fn(move |req| {
         seen.mark();
         let https = shared.clone();
         let stream = counted.begin();
+        let deadline = timeouts
+            .write
+            .map(|limit| tokio::time::Instant::now() + limit);
         async move {
-            let response = respond(&https, req, conn).await;
-            Ok::<_, Infallible>(response.map(|body| Counted::new(body, stream)))
+            let response = match deadline {
+                None => respond(&https, req, conn).await,
+                // No response by then: an error, which hyper turns into a reset stream.
+                Some(at) => tokio::time::timeout_at(at, respond(&https, req, conn))
+                    .await
+                    .map_err(|_| {
+                        tracing::info!(client = %conn.client, "No response within --write-timeout; resetting the stream");
+                        WriteTimedOut
+                    })?,
+            };
+            Ok::<_, WriteTimedOut>(
+                response.map(|body| Counted::new(WriteDeadline::new(body, deadline), stream)),
+            )
         }
     });
     let connection = https.http2.serve_connection(io, service);
     let mut connection = std::pin::pin!(connection);
-    let idle = activity.idle_for(IDLE_TIMEOUT);
+    let idle = async {
+        match timeouts.idle {
+            Some(limit) => activity.idle_for(limit).await,
+            None => std::future::pending().await,
+        }
+    };
     let mut idle = std::pin::pin!(idle);
     // A connection handed over before its first request still gets it served.
     let drained = async {

@@ -66,16 +66,18 @@ impl Drop for StreamGuard {
 }
 
 pin_project_lite::pin_project! {
-    /// A response body that keeps its stream counted as open until it is over.
-    pub struct Counted<B> {
+    /// A response body that holds `guard` until it is over: keeps its HTTP/2 stream
+    /// counted as open ([`StreamGuard`]), or its HTTP/1.x connection busy
+    /// ([`super::h1_timeouts::ResponseOver`]).
+    pub struct Counted<B, G> {
         #[pin]
         inner: B,
-        guard: Option<StreamGuard>,
+        guard: Option<G>,
     }
 }
 
-impl<B> Counted<B> {
-    pub fn new(inner: B, guard: StreamGuard) -> Self {
+impl<B, G> Counted<B, G> {
+    pub fn new(inner: B, guard: G) -> Self {
         Counted {
             inner,
             guard: Some(guard),
@@ -83,7 +85,7 @@ impl<B> Counted<B> {
     }
 }
 
-impl<B: Body<Data = Bytes>> Body for Counted<B> {
+impl<B: Body<Data = Bytes>, G> Body for Counted<B, G> {
     type Data = Bytes;
     type Error = B::Error;
 

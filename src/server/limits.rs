@@ -1,6 +1,7 @@
 //! What a client may hold, so a hostile or broken one costs a bounded amount: open
-//! connections, the size of a request head, how long a request body may go silent and
-//! how long a connection may sit idle.
+//! connections, the size of a request head, how long a request body may go silent, and
+//! the listener timeouts (fork F27): how long a request head, a whole request and a
+//! response may take, and how long a connection may sit idle.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,10 +17,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// `run --body-read-timeout`: nginx's `client_body_timeout`.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a connection may sit between requests: an HTTP/1.1 connection waiting for
-/// the next request head, an HTTP/2 one with no open stream. A constant until the
-/// fork's `run --idle-timeout` lands.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// `run --read-header-timeout` (fork F27): Go's slowloris default.
+pub const DEFAULT_READ_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// `run --idle-timeout` (fork F27): how long a connection may sit between requests.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The limits every listener applies, from `run`'s flags.
 #[derive(Clone, Copy, Debug)]
@@ -28,6 +29,47 @@ pub struct Limits {
     pub max_header_bytes: usize,
     /// `None`: a silent body is waited for for ever (`--body-read-timeout=0`).
     pub body_read_timeout: Option<Duration>,
+    /// The listener timeouts; `None` is a flag set to 0 (no limit).
+    pub timeouts: Timeouts,
+}
+
+/// `run --read-header-timeout`, `--read-timeout`, `--write-timeout` and `--idle-timeout`
+/// (fork F27), as Go's `http.Server` fields they set. `None`: no limit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timeouts {
+    /// A request head must have arrived this long after its first byte (the first
+    /// request's: after the connection is ready); also the PROXY protocol header's limit.
+    pub read_header: Option<Duration>,
+    /// A whole request: its head (the shorter of this and `read_header` wins), then its
+    /// body, counted from the head's arrival.
+    pub read: Option<Duration>,
+    /// A response must be over this long after its request head arrived.
+    pub write: Option<Duration>,
+    /// A connection with no request under way: HTTP/1.1 between a response and the next
+    /// request's first byte, HTTP/2 with no open stream, HTTP/3 (QUIC's idle timeout).
+    pub idle: Option<Duration>,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            read_header: Some(DEFAULT_READ_HEADER_TIMEOUT),
+            read: None,
+            write: None,
+            idle: Some(DEFAULT_IDLE_TIMEOUT),
+        }
+    }
+}
+
+impl Timeouts {
+    /// How long a request head may take: as Go, `--read-timeout` bounds it too, and
+    /// stands in for a `--read-header-timeout` of 0.
+    pub fn head(&self) -> Option<Duration> {
+        match (self.read_header, self.read) {
+            (Some(h), Some(r)) => Some(h.min(r)),
+            (h, r) => h.or(r),
+        }
+    }
 }
 
 impl Default for Limits {
@@ -36,6 +78,7 @@ impl Default for Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             body_read_timeout: Some(DEFAULT_BODY_READ_TIMEOUT),
+            timeouts: Timeouts::default(),
         }
     }
 }

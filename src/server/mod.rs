@@ -16,16 +16,20 @@ mod acme_http01;
 pub mod certificates;
 mod chunk_guard;
 mod framing;
+mod h1_timeouts;
 #[cfg(feature = "http3")]
 pub mod h3;
 pub mod handover;
 pub mod https;
 mod idle;
 pub mod limits;
+pub mod metrics_listener;
+pub mod proxy_protocol;
 pub mod shutdown;
 pub mod trim;
+mod write_deadline;
 
-pub use shutdown::{FirstRequest, SHUTDOWN_TIMEOUT, Shutdown};
+pub use shutdown::{DEFAULT_SHUTDOWN_TIMEOUT, FirstRequest, Shutdown};
 
 use crate::observe::access::{AccessRecord, header_values, no_logged_headers};
 use crate::proxy::Forwarder;
@@ -36,7 +40,10 @@ use crate::proxy::rejection::{Refused, Rejection};
 use crate::router::Router;
 use crate::service::{Conn, host_without_port, request_host};
 use chunk_guard::ChunkGuard;
-use limits::{ConnectionSlots, IDLE_TIMEOUT, Limits};
+use h1_timeouts::{Noted, Phase, ResponseOver, Watchdog};
+use idle::Counted;
+use limits::{ConnectionSlots, Limits};
+use proxy_protocol::ProxyProtocol;
 
 pub const PING_PATH: &str = "/.kamal-proxy/ping";
 
@@ -49,6 +56,9 @@ pub struct Proxy {
     pub limits: Limits,
     /// `--max-connections`, shared by the HTTP and HTTPS listeners.
     pub slots: ConnectionSlots,
+    /// `--proxy-protocol` on the HTTP and HTTPS listeners; `None`: off, and a connection
+    /// pays nothing for it.
+    pub proxy_protocol: Option<ProxyProtocol>,
 }
 
 /// Binds like Go's `net.Listen("tcp", ":port")`, with Go's error wording. `reuse_port`
@@ -133,7 +143,7 @@ pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, shutdown: Arc<
 }
 
 /// HTTP/1.x as every listener serves it: request heads up to `--max-request-header-size`
-/// (431 past it), and a connection closed after [`IDLE_TIMEOUT`] without a request head.
+/// (431 past it). hyper's own header timer is off: [`h1_timeouts`] keeps Go's timeouts.
 pub(crate) fn http1_builder(limits: &Limits) -> hyper::server::conn::http1::Builder {
     // hyper's read buffer stops growing at ~400 KiB and answers 431 there too: a larger
     // head limit needs a larger buffer.
@@ -141,7 +151,7 @@ pub(crate) fn http1_builder(limits: &Limits) -> hyper::server::conn::http1::Buil
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(IDLE_TIMEOUT)
+        .header_read_timeout(None)
         .max_header_size(limits.max_header_bytes);
     if limits.max_header_bytes >= HYPER_DEFAULT_MAX_BUF {
         builder.max_buf_size(limits.max_header_bytes + 1);
@@ -267,40 +277,86 @@ pub async fn accept_loop<F, Fut>(
     }
 }
 
-/// Serves one HTTP/1.x connection; when `draining` fires, the request in flight
-/// finishes and the connection closes instead of being kept alive.
+/// Serves one HTTP/1.x connection on the HTTP port.
 async fn serve_connection(
-    stream: TcpStream,
+    mut stream: TcpStream,
     client: SocketAddr,
     proxy: Arc<Proxy>,
     http1: hyper::server::conn::http1::Builder,
     draining: CancellationToken,
 ) {
+    let client = match &proxy.proxy_protocol {
+        None => client,
+        Some(pp) => match pp.client(&mut stream, client).await {
+            Some(named) => named,
+            None => return,
+        },
+    };
     let _ = stream.set_nodelay(true);
     let conn = Conn {
         client: normalize(client),
         tls: false,
     };
     let first = Arc::new(FirstRequest::default());
-    let seen = first.clone();
+    let phase = Arc::new(Phase::default());
+    let watchdog = Watchdog::new(phase.clone(), proxy.limits.timeouts);
+    let (seen, noted) = (first.clone(), phase.clone());
     let service = service_fn(move |req| {
         seen.mark();
+        noted.request();
+        let over = ResponseOver::new(&noted);
         let proxy = proxy.clone();
-        async move { Ok::<_, Infallible>(handle(&proxy, req, conn).await) }
+        async move {
+            let response = handle(&proxy, req, conn).await;
+            Ok::<_, Infallible>(response.map(|body| Counted::new(body, over)))
+        }
     });
-    let connection = http1
-        .serve_connection(TokioIo::new(ChunkGuard::new(stream)), service)
-        .with_upgrades();
+    let io = TokioIo::new(Noted::new(ChunkGuard::new(stream), phase));
+    let connection = http1.serve_connection(io, service).with_upgrades();
+    drive_h1(connection, watchdog, &draining, &first, conn.client).await;
+}
+
+/// Serves an HTTP/1.x connection to its end. The listener timeouts close it (see
+/// [`h1_timeouts`]); when `draining` fires, the request in flight finishes and the
+/// connection closes instead of being kept alive.
+pub(crate) async fn drive_h1<I, S, B>(
+    connection: hyper::server::conn::http1::UpgradeableConnection<I, S>,
+    watchdog: Watchdog,
+    draining: &CancellationToken,
+    first: &FirstRequest,
+    client: SocketAddr,
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let mut connection = std::pin::pin!(connection);
-    let result = tokio::select! {
-        r = connection.as_mut() => r,
-        _ = draining.cancelled() => {
-            tokio::select! {
-                r = connection.as_mut() => r,
-                _ = first.wait() => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
+    let mut watchdog = std::pin::pin!(watchdog);
+    // A connection handed over before its first request still gets it served.
+    let drained = async {
+        draining.cancelled().await;
+        first.wait().await;
+    };
+    let mut drained = std::pin::pin!(drained);
+    let mut closing = false;
+    let result = loop {
+        tokio::select! {
+            // The watchdog right after the connection: it sees what the connection did.
+            biased;
+            r = connection.as_mut() => break r,
+            expired = watchdog.as_mut() => {
+                if expired == h1_timeouts::Expired::Write {
+                    tracing::info!(client = %client, "Response not written within --write-timeout; closing the connection");
+                } else {
+                    tracing::debug!(client = %client, reason = expired.reason(), "Closing connection");
                 }
+                return;
+            }
+            _ = drained.as_mut(), if !closing => {
+                closing = true;
+                connection.as_mut().graceful_shutdown();
             }
         }
     };
@@ -486,31 +542,6 @@ fn access_record(
         resp_header_names: no_logged_headers(),
         resp_headers: Vec::new(),
         exclude_metrics: false,
-    }
-}
-
-/// The Prometheus endpoint: every path answers with the metrics text, as upstream.
-pub async fn serve_metrics(listener: TcpListener, stop: CancellationToken) {
-    loop {
-        let (stream, _) = tokio::select! {
-            a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
-            _ = stop.cancelled() => return,
-        };
-        tokio::spawn(async move {
-            let service = service_fn(|_req: Request<Incoming>| async {
-                let mut r = Response::new(http_body_util::Full::new(bytes::Bytes::from(
-                    crate::observe::metrics::render(),
-                )));
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                );
-                Ok::<_, Infallible>(r)
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
     }
 }
 

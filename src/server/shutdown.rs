@@ -6,8 +6,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// Upstream's shutdown grace: in-flight requests get this long to finish.
-pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// `run --shutdown-timeout` (fork F27; upstream's fixed grace): in-flight requests get
+/// this long to finish.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct Shutdown {
     /// Cancelled when the listeners must stop accepting.
@@ -21,16 +22,22 @@ pub struct Shutdown {
 
 impl Default for Shutdown {
     fn default() -> Self {
-        Shutdown {
-            stop: CancellationToken::new(),
-            grace: Mutex::new(SHUTDOWN_TIMEOUT),
-            drained: watch::channel(false).0,
-            requested: CancellationToken::new(),
-        }
+        Shutdown::new(DEFAULT_SHUTDOWN_TIMEOUT)
     }
 }
 
 impl Shutdown {
+    /// `grace`: `--shutdown-timeout`, what a signal and a `drain` without its own
+    /// `--drain-timeout` give connections to finish.
+    pub fn new(grace: Duration) -> Self {
+        Shutdown {
+            stop: CancellationToken::new(),
+            grace: Mutex::new(grace),
+            drained: watch::channel(false).0,
+            requested: CancellationToken::new(),
+        }
+    }
+
     /// What the accept loops wait on.
     pub fn stopping(&self) -> CancellationToken {
         self.stop.clone()
@@ -41,7 +48,7 @@ impl Shutdown {
         *self.grace.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `drain`: the first call picks the grace (zero: the default) and starts the stop;
+    /// `drain`: the first call picks the grace (zero: `--shutdown-timeout`) and starts the stop;
     /// every call returns once the drain is over.
     pub async fn drain(&self, grace: Duration) {
         if !self.requested.is_cancelled() && !self.stop.is_cancelled() {
@@ -113,7 +120,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_first_drain_picks_the_grace_and_every_drain_answers_after_the_end() {
         let shutdown = Arc::new(Shutdown::default());
-        assert_eq!(shutdown.grace(), SHUTDOWN_TIMEOUT);
+        assert_eq!(shutdown.grace(), DEFAULT_SHUTDOWN_TIMEOUT);
         let first = tokio::spawn({
             let s = shutdown.clone();
             async move { s.drain(Duration::from_secs(30)).await }
@@ -135,11 +142,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_zero_drain_timeout_keeps_the_shutdown_timeout() {
-        let shutdown = Arc::new(Shutdown::default());
+        let shutdown = Arc::new(Shutdown::new(Duration::from_secs(3)));
         let s = shutdown.clone();
         let drain = tokio::spawn(async move { s.drain(Duration::ZERO).await });
         shutdown.drain_requested().await;
-        assert_eq!(shutdown.grace(), SHUTDOWN_TIMEOUT);
+        assert_eq!(shutdown.grace(), Duration::from_secs(3));
         shutdown.finished();
         drain.await.unwrap();
     }

@@ -1,0 +1,87 @@
+//! The Prometheus endpoint (`run --metrics-port`): every path answers with the metrics
+//! text, as upstream, under the same listener timeouts as the proxy's ports (fork F27).
+//! `--metrics-allow-ip` (fork F2) admits only listed connecting addresses; the others get
+//! Go's plain-text 403. The address is the socket's own: no forwarded header and no PROXY
+//! protocol counts here, as the fork.
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::h1_timeouts::{Noted, Phase, ResponseOver, Watchdog};
+use super::idle::Counted;
+use super::limits::Timeouts;
+use super::normalize;
+use crate::service::gates::client_ip::IpList;
+
+pub async fn serve(
+    listener: TcpListener,
+    allowed: Arc<IpList>,
+    timeouts: Timeouts,
+    stop: CancellationToken,
+) {
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    // Our own watchdog keeps the header, idle and write timeouts apart.
+    http1.timer(hyper_util::rt::TokioTimer::new());
+    http1.header_read_timeout(None);
+    loop {
+        let (stream, peer) = tokio::select! {
+            a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
+            _ = stop.cancelled() => return,
+        };
+        let admitted = allowed.is_empty() || allowed.contains(normalize(peer).ip());
+        let http1 = http1.clone();
+        tokio::spawn(async move {
+            let phase = Arc::new(Phase::default());
+            let noted = phase.clone();
+            let service = service_fn(move |_req: Request<Incoming>| {
+                noted.request();
+                let over = ResponseOver::new(&noted);
+                let response = if admitted { metrics() } else { forbidden() };
+                std::future::ready(Ok::<_, Infallible>(
+                    response.map(|body| Counted::new(body, over)),
+                ))
+            });
+            let io = TokioIo::new(Noted::new(stream, phase.clone()));
+            let connection = http1.serve_connection(io, service);
+            tokio::select! {
+                biased;
+                _ = connection => {}
+                expired = Watchdog::new(phase, timeouts) => {
+                    tracing::debug!(client = %peer, reason = expired.reason(), "Closing metrics connection");
+                }
+            }
+        });
+    }
+}
+
+fn metrics() -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(crate::observe::metrics::render())));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// What Go's `http.Error(w, "Forbidden", 403)` writes.
+fn forbidden() -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(b"Forbidden\n")));
+    *r.status_mut() = StatusCode::FORBIDDEN;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
