@@ -16,6 +16,7 @@ mod ports;
 mod process;
 mod proxy;
 pub mod raw;
+pub mod tls;
 
 pub use http::{Reply, client, send, strip_ansi};
 pub use poll::{Check, poll_until};
