@@ -329,14 +329,11 @@ async fn the_shutdown_timeout_bounds_what_a_stop_waits_for() {
     let mut s = in_flight(&proxy, &backend).await;
     assert_eq!(proxy.terminate().await, Some(0));
     assert!(until_closed(&mut s).await.is_empty());
-    assert!(
-        proxy
-            .logs()
-            .iter()
-            .any(|l| l.contains("Closing active connections")),
-        "{:#?}",
-        proxy.logs()
-    );
+    proxy
+        .wait_for_log("the grace running out", |l| {
+            l.contains("Closing active connections")
+        })
+        .await;
 
     // `drain` without --drain-timeout takes the shutdown timeout too.
     let (backend, proxy, _pem) = serve(&["--shutdown-timeout=1s"], &[]).await;
@@ -460,7 +457,7 @@ async fn the_rate_limit_counts_the_client_the_proxy_protocol_names() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_proxy_header_from_a_peer_outside_the_allow_list_is_not_honoured() {
-    let (_b, proxy, _pem) = serve(
+    let (backend, proxy, _pem) = serve(
         &[
             "--debug",
             "--proxy-protocol",
@@ -486,7 +483,7 @@ async fn a_proxy_header_from_a_peer_outside_the_allow_list_is_not_honoured() {
     proxy
         .deploy(
             "app",
-            &_b.target(),
+            &backend.target(),
             &["--host=app.test", "--allow-ip=203.0.113.0/24"],
         )
         .await;
