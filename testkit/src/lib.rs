@@ -10,6 +10,7 @@ pub mod docker;
 pub mod go_state;
 mod http;
 pub mod kamal;
+pub mod load;
 pub mod pebble;
 mod poll;
 mod ports;
