@@ -131,6 +131,50 @@ mod tests {
         }
     }
 
+    // The header comes from the app: any bytes it sends are read without a panic, and a
+    // `timeout` parameter among any others is found.
+    proptest::proptest! {
+        #[test]
+        fn any_header_value_is_read_without_panic(value in proptest::collection::vec(0x20u8..0x7f, 0..64)) {
+            let mut h = HeaderMap::new();
+            if let Ok(v) = http::HeaderValue::from_bytes(&value) {
+                h.insert("keep-alive", v);
+            }
+            let _ = announced_timeout(&h);
+        }
+
+        #[test]
+        fn the_timeout_is_found_among_other_parameters(
+            secs in 0u64..1_000_000,
+            before in proptest::collection::vec("[a-z]{1,8}=[0-9]{1,4}", 0..3),
+            after in proptest::collection::vec("[a-z]{1,8}=[0-9]{1,4}", 0..3),
+        ) {
+            let params: Vec<String> = before
+                .iter()
+                .filter(|p| !p.starts_with("timeout="))
+                .cloned()
+                .chain([format!("timeout={secs}")])
+                .chain(after.iter().filter(|p| !p.starts_with("timeout=")).cloned())
+                .collect();
+            let mut h = HeaderMap::new();
+            h.insert("keep-alive", http::HeaderValue::from_str(&params.join(", ")).unwrap());
+            proptest::prop_assert_eq!(announced_timeout(&h), Some(Duration::from_secs(secs)));
+        }
+
+        #[test]
+        fn the_limit_ends_a_second_before_the_apps_timeout(ms in 0u64..200_000_000) {
+            let timeout = Duration::from_millis(ms);
+            let limit = idle_limit(timeout);
+            // Below the app's timeout (zero, "never reuse", always is), by a second, or by
+            // half of it when it is shorter than two.
+            proptest::prop_assert!(limit < timeout || limit.is_zero());
+            proptest::prop_assert!(limit >= timeout / 2);
+            if timeout >= Duration::from_secs(2) {
+                proptest::prop_assert_eq!(limit, timeout - Duration::from_secs(1));
+            }
+        }
+    }
+
     #[test]
     fn hosts_are_learned_once_and_relearned_on_change() {
         let hosts = Hosts::default();
