@@ -1,4 +1,5 @@
-//! Placing a request on a target (the last part of ARCHITECTURE.md step 9), in one
+//! Placing a request on a target (the last part of ARCHITECTURE.md step 9): the pool (the
+//! rollout's or the active one), a reader or a writer, and the exchange with it, in one
 //! attempt or, with `--target-try-duration` (fork F18), in as many as fit in it:
 //!
 //! - no healthy target: the request waits (any method: nothing was sent) until the pool
@@ -13,16 +14,18 @@
 
 use http::uri::PathAndQuery;
 use http::{Request, Response};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use super::{Conn, Service, ServiceConfig};
+use super::{Conn, Service, ServiceConfig, is_read_request};
 use crate::balancer::LoadBalancer;
 use crate::options::upstream::RetryPolicy;
 use crate::proxy::body::{RequestBody, ResponseBody};
+use crate::proxy::cookies::has_live_writer_cookie;
 use crate::proxy::exchange::Exchange;
 use crate::proxy::rejection::{Refused, Rejection};
-use crate::proxy::{Forwarder, Retry, UpstreamRequest};
+use crate::proxy::{Forwarder, ResponseCookies, Retry, UpstreamRequest};
 
 /// What the pipeline decided about the request before it is placed.
 pub(super) struct Placement<'a> {
@@ -114,6 +117,39 @@ impl Service {
         }
     }
 
+    /// A target for the request (in the rollout's pool or the active one, a reader or a
+    /// writer), its pool and what the proxy does to the cookies of its answer; the pool
+    /// alone when it has no healthy target.
+    pub(super) fn choose_target<'p, B>(
+        &self,
+        req: &Request<B>,
+        config: &ServiceConfig,
+        prefix: &'p str,
+    ) -> Result<ChosenTarget<'p>, Arc<LoadBalancer>> {
+        let lb = self.pool_for(req.headers());
+        let read = is_read_request(req, config.options.read_targets_accept_websockets);
+        // Writer affinity (upstream §4.4) matters only to a pool with readers: a client
+        // that wrote recently reads from a writer, and a write renews its cookie.
+        let affinity = lb.has_readers();
+        let to_reader = read && !(affinity && has_live_writer_cookie(req.headers()));
+        let writer_affinity =
+            (affinity && !read && config.options.writer_affinity_timeout.is_positive())
+                .then(|| config.options.writer_affinity_timeout.to_std());
+        // Upstream scopes cookie paths only under a stripped, non-root prefix.
+        let scope_cookies = (config.target_options.scope_cookie_paths
+            && config.options.strip_prefix
+            && prefix != "/")
+            .then_some(prefix);
+        let Some(target) = lb.select(to_reader) else {
+            return Err(lb);
+        };
+        let cookies = ResponseCookies {
+            writer_affinity,
+            scope_paths: scope_cookies,
+        };
+        Ok((target, lb, cookies))
+    }
+
     fn refuse<B>(
         &self,
         rejection: Rejection,
@@ -129,6 +165,13 @@ impl Service {
         rejection.respond(&at, config.pages.as_ref(), exchange)
     }
 }
+
+/// A target, its pool, and the proxy's changes to the cookies of its answer.
+type ChosenTarget<'p> = (
+    Arc<crate::balancer::Target>,
+    Arc<LoadBalancer>,
+    ResponseCookies<'p>,
+);
 
 /// `rejection`, unless the request's deadline has passed: then that is the answer.
 fn past_deadline(deadline: Option<Instant>, rejection: Rejection) -> Rejection {

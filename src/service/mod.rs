@@ -22,11 +22,11 @@ use crate::observe::metrics::ServiceMetrics;
 use crate::options::upstream::{PathTimeouts, RetryPolicy};
 use crate::options::{ServiceOptions, TargetOptions};
 use crate::proxy::body::ResponseBody;
-use crate::proxy::cookies::{has_live_writer_cookie, request_cookie};
+use crate::proxy::cookies::request_cookie;
 use crate::proxy::exchange::Exchange;
 use crate::proxy::pages::ErrorPages;
 use crate::proxy::rejection::{Refused, Rejection};
-use crate::proxy::{Forwarder, Pools, ResponseCookies, headers};
+use crate::proxy::{Forwarder, Pools, headers};
 use gates::Gates;
 use pause::{PauseController, PauseOutcome};
 use sleep::{HealthAnswer, IdleController};
@@ -378,47 +378,7 @@ impl Service {
         self.forward_to_target(req, conn, &config, placed, exchange, forwarder)
             .await
     }
-
-    /// A target for the request (in the rollout's pool or the active one, a reader or a
-    /// writer), its pool and what the proxy does to the cookies of its answer; the pool
-    /// alone when it has no healthy target.
-    fn choose_target<'p, B>(
-        &self,
-        req: &Request<B>,
-        config: &ServiceConfig,
-        prefix: &'p str,
-    ) -> Result<ChosenTarget<'p>, Arc<LoadBalancer>> {
-        let lb = self.pool_for(req.headers());
-        let read = is_read_request(req, config.options.read_targets_accept_websockets);
-        // Writer affinity (upstream §4.4) matters only to a pool with readers: a client
-        // that wrote recently reads from a writer, and a write renews its cookie.
-        let affinity = lb.has_readers();
-        let to_reader = read && !(affinity && has_live_writer_cookie(req.headers()));
-        let writer_affinity =
-            (affinity && !read && config.options.writer_affinity_timeout.is_positive())
-                .then(|| config.options.writer_affinity_timeout.to_std());
-        // Upstream scopes cookie paths only under a stripped, non-root prefix.
-        let scope_cookies = (config.target_options.scope_cookie_paths
-            && config.options.strip_prefix
-            && prefix != "/")
-            .then_some(prefix);
-        let Some(target) = lb.select(to_reader) else {
-            return Err(lb);
-        };
-        let cookies = ResponseCookies {
-            writer_affinity,
-            scope_paths: scope_cookies,
-        };
-        Ok((target, lb, cookies))
-    }
 }
-
-/// A target, its pool, and the proxy's changes to the cookies of its answer.
-type ChosenTarget<'p> = (
-    Arc<crate::balancer::Target>,
-    Arc<LoadBalancer>,
-    ResponseCookies<'p>,
-);
 
 impl Service {
     /// Steps 5–8 of the pipeline: the request deadline, the gates, the pause gate and the
