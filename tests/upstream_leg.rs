@@ -122,6 +122,7 @@ async fn a_get_is_retried_across_a_redeploy_blip_while_a_post_is_not_resent() {
     let post_line = access_line(&proxy, "/orders", 502).await;
     assert_eq!(post_line["method"], "POST");
     assert!(post_line.get("retries").is_none(), "{post_line}");
+    poll_log_count(&proxy, "Error while proxying", 1).await;
     let errors = log_lines(&proxy, "Error while proxying");
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(
@@ -328,10 +329,7 @@ async fn idle_connections_are_closed_after_the_idle_timeout_and_beyond_the_idle_
         .deploy(
             "app",
             &app.target(),
-            &[
-                "--target-idle-conn-timeout=300ms",
-                "--target-max-idle-conns=1",
-            ],
+            &["--target-idle-conn-timeout=1s", "--target-max-idle-conns=1"],
         )
         .await;
     // Three at once: three connections; one stays idle, two are closed at once.
@@ -454,6 +452,7 @@ async fn path_request_timeouts_bound_the_whole_request_by_prefix() {
     for ((path, want), reply) in cases.iter().zip(replies) {
         assert_eq!(reply.status, *want, "{path}: {}", reply.body);
     }
+    poll_log_count(&proxy, "Request deadline exceeded", 2).await;
     assert_eq!(log_lines(&proxy, "Request deadline exceeded").len(), 2);
 }
 
