@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod docker;
+pub mod flaky;
 pub mod go_state;
 mod http;
 pub mod kamal;
