@@ -18,6 +18,7 @@ mod proxy_protocol;
 mod rules;
 mod state;
 mod targets;
+mod timeouts;
 
 /// Few cases for properties that compile regexes or build services (slow in debug).
 pub const FEW: u32 = 64;
