@@ -1,5 +1,6 @@
-//! A service's pool of targets: health checking, round-robin selection, readiness for
-//! deploys and wakes, draining, and suspension while the service sleeps.
+//! A service's pool of targets: health checking, selection (round robin, smooth weighted
+//! round robin, session pins), readiness for deploys and wakes, draining, and suspension
+//! while the service sleeps.
 
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,13 +9,19 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+pub mod affinity;
 pub mod health;
 pub mod rollout;
+pub mod spec;
 pub mod target;
+pub mod weighted;
 
+use affinity::PinKey;
 use health::HealthCheckConfig;
 use health::ProbeClient;
+use spec::TargetSpec;
 pub use target::{Health, Target, TargetGuard};
+use weighted::Schedule;
 
 /// How fast to probe a target that has not answered yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,10 +45,23 @@ pub struct PoolStatus {
     pub serving: bool,
 }
 
+/// The targets that may be chosen now, rebuilt whenever one's health changes.
 #[derive(Default)]
 struct HealthySet {
     writers: Vec<Arc<Target>>,
     readers: Vec<Arc<Target>>,
+    /// Smooth weighted round robin over each list when its weights differ (fork F16);
+    /// `None`: plain round robin. Readers and writers are weighted apart.
+    writer_schedule: Option<Schedule>,
+    reader_schedule: Option<Schedule>,
+}
+
+/// A target chosen for a request.
+pub struct Pick {
+    pub target: Arc<Target>,
+    /// With session affinity: the client's cookie did not name this writer (none, a
+    /// stale pin, a pin of a target that left), so the response pins it afresh.
+    pub repin: bool,
 }
 
 pub struct LoadBalancer {
@@ -51,6 +71,9 @@ pub struct LoadBalancer {
     healthy: ArcSwap<HealthySet>,
     next_writer: AtomicUsize,
     next_reader: AtomicUsize,
+    /// The service's session affinity key, which made every target's pin; handed on to
+    /// the pools that replace this one.
+    pin_key: PinKey,
     health_config: HealthCheckConfig,
     status: watch::Sender<PoolStatus>,
     /// Serialises rebuilds of `healthy` so a slow rebuild cannot overwrite a newer one.
@@ -60,19 +83,22 @@ pub struct LoadBalancer {
 }
 
 impl LoadBalancer {
+    /// `pin_key` is the service's (see [`affinity`]): every target's pin is made with it.
     pub fn new(
         service: &str,
-        writers: &[String],
-        readers: &[String],
+        writers: &[TargetSpec],
+        readers: &[TargetSpec],
+        pin_key: PinKey,
         health_config: HealthCheckConfig,
         client: ProbeClient,
     ) -> Result<Arc<LoadBalancer>, String> {
-        let build = |addrs: &[String]| -> Result<Vec<Arc<Target>>, String> {
-            addrs
+        let build = |specs: &[TargetSpec]| -> Result<Vec<Arc<Target>>, String> {
+            specs
                 .iter()
-                .map(|a| {
-                    target::validate_target(a)?;
-                    Target::new(a)
+                .map(|s| {
+                    target::validate_target(&s.address)?;
+                    spec::check_weight(i64::from(s.weight))?;
+                    Target::build(s, Some(&pin_key))
                 })
                 .collect()
         };
@@ -83,6 +109,7 @@ impl LoadBalancer {
             healthy: ArcSwap::from_pointee(HealthySet::default()),
             next_writer: AtomicUsize::new(0),
             next_reader: AtomicUsize::new(0),
+            pin_key,
             health_config,
             status: watch::channel(PoolStatus::default()).0,
             rebuild: Mutex::new(()),
@@ -105,6 +132,19 @@ impl LoadBalancer {
             .collect()
     }
 
+    /// The writers with their weights, as deployed.
+    pub fn writer_specs(&self) -> Vec<TargetSpec> {
+        self.writers.iter().map(|t| t.spec()).collect()
+    }
+
+    pub fn reader_specs(&self) -> Vec<TargetSpec> {
+        self.readers.iter().map(|t| t.spec()).collect()
+    }
+
+    pub fn pin_key(&self) -> &PinKey {
+        &self.pin_key
+    }
+
     /// Read targets were deployed (healthy or not): writer affinity applies.
     pub fn has_readers(&self) -> bool {
         !self.readers.is_empty()
@@ -118,17 +158,70 @@ impl LoadBalancer {
         *self.status.borrow()
     }
 
-    /// Picks a target round-robin. A read request prefers a healthy reader (the caller
-    /// has already sent a client with a live writer cookie to the writers).
+    /// Picks a target: round robin, or smooth weighted round robin when weights differ.
+    /// A read request prefers a healthy reader (the caller has already sent a client with
+    /// a live writer cookie to the writers).
     pub fn select(&self, read_request: bool) -> Option<Arc<Target>> {
         let healthy = self.healthy.load();
         if read_request && !healthy.readers.is_empty() {
-            return Some(pick(&healthy.readers, &self.next_reader));
+            return Some(pick(
+                &healthy.readers,
+                healthy.reader_schedule.as_ref(),
+                &self.next_reader,
+            ));
         }
         if healthy.writers.is_empty() {
             return None;
         }
-        Some(pick(&healthy.writers, &self.next_writer))
+        Some(pick(
+            &healthy.writers,
+            healthy.writer_schedule.as_ref(),
+            &self.next_writer,
+        ))
+    }
+
+    /// [`Self::select`] with session affinity (fork F17): a request that goes to a writer
+    /// goes to the one its `cookie` pins while that writer is healthy; otherwise (no
+    /// cookie, a forged or stale one, a pinned target that left the pool or failed its
+    /// health check) to the rotation's pick, which the response then pins. Reads served by
+    /// a reader are never pinned.
+    pub fn select_pinned(&self, read_request: bool, cookie: Option<&str>) -> Option<Pick> {
+        let healthy = self.healthy.load();
+        if read_request && !healthy.readers.is_empty() {
+            let target = pick(
+                &healthy.readers,
+                healthy.reader_schedule.as_ref(),
+                &self.next_reader,
+            );
+            return Some(Pick {
+                target,
+                repin: false,
+            });
+        }
+        let pinned = cookie.filter(|c| !c.is_empty()).and_then(|c| {
+            healthy
+                .writers
+                .iter()
+                .find(|t| t.pin().as_bytes() == c.as_bytes())
+        });
+        if let Some(target) = pinned {
+            return Some(Pick {
+                target: target.clone(),
+                repin: false,
+            });
+        }
+        if healthy.writers.is_empty() {
+            return None;
+        }
+        let target = pick(
+            &healthy.writers,
+            healthy.writer_schedule.as_ref(),
+            &self.next_writer,
+        );
+        Some(Pick {
+            target,
+            repin: true,
+        })
     }
 
     /// Targets restored from the state file serve at once, as upstream does.
@@ -257,9 +350,18 @@ impl LoadBalancer {
                 .cloned()
                 .collect()
         };
+        // Weighted over the healthy targets only: a target that fails its check leaves
+        // the cycle, and the others share its requests in their own proportions.
+        let schedule = |ts: &[Arc<Target>]| {
+            Schedule::for_weights(&ts.iter().map(|t| t.weight()).collect::<Vec<_>>())
+        };
+        let writers = healthy(&self.writers);
+        let readers = healthy(&self.readers);
         let set = HealthySet {
-            writers: healthy(&self.writers),
-            readers: healthy(&self.readers),
+            writer_schedule: schedule(&writers),
+            reader_schedule: schedule(&readers),
+            writers,
+            readers,
         };
         let total = self.writers.len() + self.readers.len();
         let status = PoolStatus {
@@ -281,10 +383,19 @@ impl Drop for LoadBalancer {
     }
 }
 
-fn pick(targets: &[Arc<Target>], counter: &AtomicUsize) -> Arc<Target> {
-    // Pre-increment, as upstream: with N targets the first request goes to index 1.
-    let i = counter.fetch_add(1, Ordering::Relaxed).wrapping_add(1) % targets.len();
-    targets[i].clone()
+/// `targets` is not empty; `schedule` was computed for exactly these targets.
+fn pick(
+    targets: &[Arc<Target>],
+    schedule: Option<&Schedule>,
+    counter: &AtomicUsize,
+) -> Arc<Target> {
+    let n = counter.fetch_add(1, Ordering::Relaxed);
+    let i = match schedule {
+        Some(cycle) => cycle.pick(n),
+        // Pre-increment, as upstream: with N targets the first request goes to index 1.
+        None => n.wrapping_add(1) % targets.len(),
+    };
+    targets[i % targets.len()].clone()
 }
 
 async fn probe_loop(lb: Weak<LoadBalancer>, target: Arc<Target>, mode: ProbeMode, single: bool) {
@@ -328,17 +439,26 @@ async fn probe_loop(lb: Weak<LoadBalancer>, target: Arc<Target>, mode: ProbeMode
 mod tests {
     use super::*;
 
+    /// A pool of `host:port[;weight=N]` specs.
     fn pool(writers: &[&str], readers: &[&str]) -> Arc<LoadBalancer> {
-        let w: Vec<String> = writers.iter().map(|s| s.to_string()).collect();
-        let r: Vec<String> = readers.iter().map(|s| s.to_string()).collect();
+        let specs = |v: &[&str]| -> Vec<TargetSpec> {
+            v.iter().map(|s| TargetSpec::parse(s).unwrap()).collect()
+        };
         LoadBalancer::new(
             "app",
-            &w,
-            &r,
+            &specs(writers),
+            &specs(readers),
+            PinKey::generate().unwrap(),
             HealthCheckConfig::default(),
             health::probe_client(),
         )
         .unwrap()
+    }
+
+    fn picks(lb: &LoadBalancer, read: bool, n: usize) -> Vec<String> {
+        (0..n)
+            .map(|_| lb.select(read).unwrap().address().to_string())
+            .collect()
     }
 
     #[tokio::test]
@@ -383,8 +503,125 @@ mod tests {
             .collect();
         let counter = AtomicUsize::new(0);
         let picked: Vec<String> = (0..4)
-            .map(|_| pick(&targets, &counter).address().to_string())
+            .map(|_| pick(&targets, None, &counter).address().to_string())
             .collect();
         assert_eq!(picked, ["a2:1", "a3:1", "a1:1", "a2:1"]);
+        // Equal weights other than 1 change nothing.
+        let lb = pool(&["a1:1;weight=4", "a2:1;weight=4"], &[]);
+        lb.mark_all_healthy();
+        assert_eq!(picks(&lb, false, 3), ["a2:1", "a1:1", "a2:1"]);
+    }
+
+    #[test]
+    fn weights_split_smoothly_over_healthy_targets_readers_apart() {
+        let lb = pool(
+            &["w1:1", "w2:1;weight=5"],
+            &["r1:1;weight=2", "r2:1", "r3:1"],
+        );
+        lb.mark_all_healthy();
+        assert_eq!(
+            picks(&lb, false, 6),
+            ["w2:1", "w2:1", "w1:1", "w2:1", "w2:1", "w2:1"]
+        );
+        let reads = picks(&lb, true, 400);
+        let count = |a: &str| reads.iter().filter(|r| *r == a).count();
+        assert_eq!(
+            (count("r1:1"), count("r2:1"), count("r3:1")),
+            (200, 100, 100)
+        );
+        // The writers' cycle went on untouched by the reads.
+        assert_eq!(
+            picks(&lb, false, 6).iter().filter(|a| *a == "w1:1").count(),
+            1
+        );
+
+        // A target that fails its check leaves the cycle; the rest keep their proportions.
+        let lb = pool(&["aa:1", "bb:1;weight=2", "cc:1;weight=3"], &[]);
+        lb.mark_all_healthy();
+        lb.writers[2].set_health(Health::Unhealthy);
+        lb.rebuild_healthy();
+        let split = picks(&lb, false, 300);
+        assert_eq!(split.iter().filter(|a| *a == "aa:1").count(), 100);
+        assert_eq!(split.iter().filter(|a| *a == "bb:1").count(), 200);
+    }
+
+    #[test]
+    fn a_pin_holds_while_its_writer_is_healthy_and_is_replaced_when_it_is_not() {
+        let lb = pool(&["w1:1", "w2:1", "w3:1"], &["reader:1"]);
+        lb.mark_all_healthy();
+        let first = lb.select_pinned(false, None).unwrap();
+        assert!(first.repin, "no cookie: pinned afresh");
+        let pin = first.target.pin().to_string();
+        assert_eq!(pin.len(), 32);
+        for _ in 0..10 {
+            let again = lb.select_pinned(false, Some(&pin)).unwrap();
+            assert_eq!(again.target.address(), first.target.address());
+            assert!(!again.repin, "the cookie already names it");
+        }
+        // Reads served by a reader are never pinned.
+        let read = lb.select_pinned(true, Some(&pin)).unwrap();
+        assert_eq!((read.target.address(), read.repin), ("reader:1", false));
+        // A forged pin counts for nothing.
+        assert!(
+            lb.select_pinned(false, Some("0123456789abcdef0123456789abcdef"))
+                .unwrap()
+                .repin
+        );
+        assert!(lb.select_pinned(false, Some("")).unwrap().repin);
+        // The pinned writer fails: another one serves, and is pinned.
+        first.target.set_health(Health::Unhealthy);
+        lb.rebuild_healthy();
+        let moved = lb.select_pinned(false, Some(&pin)).unwrap();
+        assert_ne!(moved.target.address(), first.target.address());
+        assert!(moved.repin);
+        // No writer at all: nothing to pin to.
+        lb.suspend();
+        assert!(lb.select_pinned(false, Some(&pin)).is_none());
+    }
+
+    #[test]
+    fn pins_depend_on_the_key_and_the_address_only() {
+        let key = PinKey::generate().unwrap();
+        let build = |writers: &[&str], key: &PinKey| {
+            let specs: Vec<TargetSpec> = writers
+                .iter()
+                .map(|s| TargetSpec::parse(s).unwrap())
+                .collect();
+            LoadBalancer::new(
+                "app",
+                &specs,
+                &[],
+                key.clone(),
+                HealthCheckConfig::default(),
+                health::probe_client(),
+            )
+            .unwrap()
+        };
+        // A redeploy that keeps a target keeps its pin (the key is handed on).
+        let old = build(&["aa:1", "bb:1"], &key);
+        let new = build(&["bb:1;weight=3", "cc:1"], old.pin_key());
+        assert_eq!(old.writers[1].pin(), new.writers[0].pin());
+        assert_ne!(new.writers[0].pin(), new.writers[1].pin());
+        let other = build(&["bb:1"], &PinKey::generate().unwrap());
+        assert_ne!(other.writers[0].pin(), new.writers[0].pin());
+    }
+
+    #[test]
+    fn a_weight_out_of_range_cannot_build_a_pool() {
+        let spec = TargetSpec {
+            address: "web:80".into(),
+            weight: 0,
+        };
+        let err = LoadBalancer::new(
+            "app",
+            &[spec],
+            &[],
+            PinKey::generate().unwrap(),
+            HealthCheckConfig::default(),
+            health::probe_client(),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(err, "invalid target weight: 0 is outside 1-1000");
     }
 }

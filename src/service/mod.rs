@@ -14,13 +14,13 @@ pub use crate::options;
 pub mod pause;
 pub mod sleep;
 
-use crate::balancer::LoadBalancer;
 use crate::balancer::rollout::{ROLLOUT_COOKIE, RolloutSplit};
+use crate::balancer::{LoadBalancer, Pick};
 use crate::observe::access::{header_values, log_key};
 use crate::observe::metrics::ServiceMetrics;
 use crate::options::{ServiceOptions, TargetOptions};
 use crate::proxy::body::ResponseBody;
-use crate::proxy::cookies::{has_live_writer_cookie, request_cookie};
+use crate::proxy::cookies::{SessionPin, has_live_writer_cookie, request_cookie};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::pages::ErrorPages;
 use crate::proxy::rejection::{Refused, Rejection};
@@ -322,7 +322,18 @@ impl Service {
             && config.options.strip_prefix
             && prefix != "/")
             .then_some(prefix);
-        let Some(target) = lb.select(to_reader) else {
+        // Session affinity (fork F17) inside the chosen pool, after the read/write split:
+        // a write, or a read kept on the writers, goes to the writer the client's cookie
+        // pins; weights and rotation choose only for a client without a live pin.
+        let session_cookie = config.options.session_cookie();
+        let picked = match session_cookie {
+            Some(name) => lb.select_pinned(to_reader, request_cookie(req.headers(), name)),
+            None => lb.select(to_reader).map(|target| Pick {
+                target,
+                repin: false,
+            }),
+        };
+        let Some(Pick { target, repin }) = picked else {
             let at = Refused {
                 service: &self.name,
                 path: uri.path(),
@@ -330,6 +341,11 @@ impl Service {
             };
             return Rejection::NoHealthyTarget.respond(&at, pages, exchange);
         };
+        let session_pin = session_cookie.filter(|_| repin).map(|name| SessionPin {
+            name,
+            value: target.pin(),
+            secure: conn.tls,
+        });
         exchange.record().target = Some(target.shared_address());
         exchange.target = Some(target.begin());
 
@@ -352,6 +368,7 @@ impl Service {
                     cookies: ResponseCookies {
                         writer_affinity,
                         scope_paths: scope_cookies,
+                        session_pin,
                     },
                 },
                 exchange,
@@ -479,6 +496,12 @@ fn client_ip_header_to_forwarded_for(req: &mut Request<Incoming>, name: &str) {
 pub fn validate(service: &ServiceOptions, target: &TargetOptions) -> Result<(), String> {
     service.validate()?;
     service.validate_with(gates::validate)?;
+    service.validate_with(|o| {
+        crate::proxy::cookies::validate_session_affinity(
+            o.session_affinity,
+            &o.session_affinity_cookie,
+        )
+    })?;
     target.validate()?;
     gates::validate_health_check(service, target)
 }
