@@ -3,7 +3,7 @@
 //! while the service sleeps.
 
 use arc_swap::ArcSwap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -74,6 +74,10 @@ pub struct LoadBalancer {
     /// The service's session affinity key, which made every target's pin; handed on to
     /// the pools that replace this one.
     pin_key: PinKey,
+    /// After a wake, until when a pinned request waits for its own target to come back
+    /// (nanoseconds since `created`; 0: no wake under way). See [`Self::starting_pin`].
+    pins_wait_until: AtomicU64,
+    created: tokio::time::Instant,
     health_config: HealthCheckConfig,
     status: watch::Sender<PoolStatus>,
     /// Serialises rebuilds of `healthy` so a slow rebuild cannot overwrite a newer one.
@@ -110,6 +114,8 @@ impl LoadBalancer {
             next_writer: AtomicUsize::new(0),
             next_reader: AtomicUsize::new(0),
             pin_key,
+            pins_wait_until: AtomicU64::new(0),
+            created: tokio::time::Instant::now(),
             health_config,
             status: watch::channel(PoolStatus::default()).0,
             rebuild: Mutex::new(()),
@@ -304,13 +310,48 @@ impl LoadBalancer {
         self.rebuild_healthy();
     }
 
-    /// Wake: every target must prove itself again, probed fast.
-    pub fn resume(self: &Arc<Self>) {
+    /// Wake: every target must prove itself again, probed fast. Until `wake_deadline` a
+    /// pinned client waits for its own target (see [`Self::starting_pin`]).
+    pub fn resume(self: &Arc<Self>, wake_deadline: tokio::time::Instant) {
+        let until = wake_deadline.saturating_duration_since(self.created);
+        self.pins_wait_until.store(
+            u64::try_from(until.as_nanos()).unwrap_or(u64::MAX).max(1),
+            Ordering::Release,
+        );
         for t in self.all_targets() {
             t.set_health(Health::Adding);
         }
         self.rebuild_healthy();
         self.start_health_checks(ProbeMode::Wake);
+    }
+
+    /// Session affinity across a wake: the wake is over as soon as one writer answers, so
+    /// without this every client pinned to another container would be re-pinned to the
+    /// first one up. A client whose pinned writer is still starting (unverified since the
+    /// wake) waits for it instead, until the wake's own deadline; returns that writer and
+    /// the deadline. A writer that failed later, or after the deadline, re-pins at once.
+    pub fn starting_pin(&self, cookie: &str) -> Option<(Arc<Target>, tokio::time::Instant)> {
+        let until = self.pins_wait_until.load(Ordering::Acquire);
+        if until == 0 || cookie.is_empty() {
+            return None;
+        }
+        let until = self.created + Duration::from_nanos(until);
+        if tokio::time::Instant::now() >= until {
+            return None;
+        }
+        self.writers
+            .iter()
+            .find(|t| t.pin().as_bytes() == cookie.as_bytes() && t.health() == Health::Adding)
+            .map(|t| (t.clone(), until))
+    }
+
+    /// Waits until `target` is healthy, or `until`; whether it is.
+    pub async fn wait_for_target(&self, target: &Target, until: tokio::time::Instant) -> bool {
+        let mut rx = self.status.subscribe();
+        // Every health change rebuilds the healthy set and publishes a status, so each
+        // one is seen here.
+        let healthy = rx.wait_for(|_| target.health() == Health::Healthy);
+        matches!(tokio::time::timeout_at(until, healthy).await, Ok(Ok(_)))
     }
 
     pub async fn drain(&self, timeout: Duration) {
@@ -577,6 +618,51 @@ mod tests {
         // No writer at all: nothing to pin to.
         lb.suspend();
         assert!(lb.select_pinned(false, Some(&pin)).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_wake_a_pinned_client_waits_for_its_own_target_until_the_wake_deadline() {
+        let lb = pool(&["w1:1", "w2:1"], &[]);
+        lb.mark_all_healthy();
+        let pin = lb.writers[1].pin().to_string();
+        assert!(
+            lb.starting_pin(&pin).is_none(),
+            "no wake: nothing to wait for"
+        );
+        lb.suspend();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        lb.resume(deadline);
+        lb.stop_health_checks(); // the test decides who answers
+        // The other writer answers first: the wake is over, but this client waits.
+        lb.record(&lb.writers[0], true);
+        let (target, until) = lb.starting_pin(&pin).expect("its target is starting");
+        assert_eq!((target.address(), until), ("w2:1", deadline));
+        let waited = {
+            let lb = lb.clone();
+            let target = target.clone();
+            tokio::spawn(async move { lb.wait_for_target(&target, until).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        lb.record(&lb.writers[1], true);
+        assert!(waited.await.unwrap());
+        let pick = lb.select_pinned(false, Some(&pin)).unwrap();
+        assert_eq!((pick.target.address(), pick.repin), ("w2:1", false));
+
+        // A target that never comes back holds its clients until the deadline only.
+        lb.suspend();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        lb.resume(deadline);
+        lb.stop_health_checks();
+        lb.record(&lb.writers[0], true);
+        let (target, until) = lb.starting_pin(&pin).unwrap();
+        let started = tokio::time::Instant::now();
+        assert!(!lb.wait_for_target(&target, until).await);
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert!(
+            lb.starting_pin(&pin).is_none(),
+            "past the deadline: re-pin at once"
+        );
+        assert!(lb.select_pinned(false, Some(&pin)).unwrap().repin);
     }
 
     #[test]

@@ -105,7 +105,7 @@ impl SleepHooks for PoolHooks {
                 return Err(());
             };
             for pool in service.pools() {
-                pool.resume();
+                pool.resume(deadline);
             }
             // Ready when every pool requests can reach can serve: a request the split
             // sends to the rollout must not meet a pool that is still starting.
