@@ -48,7 +48,7 @@ struct DeployCmd {
     /// Name of the service
     #[arg(value_name = "SERVICE")]
     service: Vec<String>,
-    /// Target host(s) to deploy (repeatable, or comma-separated); ';weight=N' (1-1000, quote it) weighs them within the rollout pool [required]
+    /// Target host(s) to deploy (repeatable, or comma-separated); 'host:port;weight=N' (1-1000, quoted for the shell) sets a target's share of the rollout pool's requests [required]
     #[arg(long, value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT[;weight=N]")]
     target: Option<Vec<String>>,
     /// Read-only target host(s) to deploy; ';weight=N' weighs readers among themselves
