@@ -85,6 +85,11 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balancer::health::{self, HealthCheckConfig};
+    use crate::balancer::spec::TargetSpec;
+    use crate::balancer::tests::pool;
+    use crate::balancer::{Health, LoadBalancer};
+    use std::time::Duration;
 
     #[test]
     fn pins_are_opaque_stable_per_key_and_differ_between_keys() {
@@ -117,5 +122,111 @@ mod tests {
             assert!(serde_json::from_str::<PinKey>(bad).is_err(), "{bad}");
         }
         assert_eq!(format!("{key:?}"), "PinKey(..)");
+    }
+
+    #[test]
+    fn a_pin_holds_while_its_writer_is_healthy_and_is_replaced_when_it_is_not() {
+        let lb = pool(&["w1:1", "w2:1", "w3:1"], &["reader:1"]);
+        lb.mark_all_healthy();
+        let first = lb.select_pinned(false, None).unwrap();
+        assert!(first.repin, "no cookie: pinned afresh");
+        let pin = first.target.pin().to_string();
+        assert_eq!(pin.len(), 32);
+        for _ in 0..10 {
+            let again = lb.select_pinned(false, Some(&pin)).unwrap();
+            assert_eq!(again.target.address(), first.target.address());
+            assert!(!again.repin, "the cookie already names it");
+        }
+        // Reads served by a reader are never pinned.
+        let read = lb.select_pinned(true, Some(&pin)).unwrap();
+        assert_eq!((read.target.address(), read.repin), ("reader:1", false));
+        // A forged pin counts for nothing.
+        assert!(
+            lb.select_pinned(false, Some("0123456789abcdef0123456789abcdef"))
+                .unwrap()
+                .repin
+        );
+        assert!(lb.select_pinned(false, Some("")).unwrap().repin);
+        // The pinned writer fails: another one serves, and is pinned.
+        first.target.set_health(Health::Unhealthy);
+        lb.rebuild_healthy();
+        let moved = lb.select_pinned(false, Some(&pin)).unwrap();
+        assert_ne!(moved.target.address(), first.target.address());
+        assert!(moved.repin);
+        // No writer at all: nothing to pin to.
+        lb.suspend();
+        assert!(lb.select_pinned(false, Some(&pin)).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_wake_a_pinned_client_waits_for_its_own_target_until_the_wake_deadline() {
+        let lb = pool(&["w1:1", "w2:1"], &[]);
+        lb.mark_all_healthy();
+        let pin = lb.writers[1].pin().to_string();
+        assert!(
+            lb.starting_pin(&pin).is_none(),
+            "no wake: nothing to wait for"
+        );
+        lb.suspend();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        lb.resume(deadline);
+        lb.stop_health_checks(); // the test decides who answers
+        // The other writer answers first: the wake is over, but this client waits.
+        lb.record(&lb.writers[0], true);
+        let (target, until) = lb.starting_pin(&pin).expect("its target is starting");
+        assert_eq!((target.address(), until), ("w2:1", deadline));
+        let waited = {
+            let lb = lb.clone();
+            let target = target.clone();
+            tokio::spawn(async move { lb.wait_for_target(&target, until).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        lb.record(&lb.writers[1], true);
+        assert!(waited.await.unwrap());
+        let pick = lb.select_pinned(false, Some(&pin)).unwrap();
+        assert_eq!((pick.target.address(), pick.repin), ("w2:1", false));
+
+        // A target that never comes back holds its clients until the deadline only.
+        lb.suspend();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        lb.resume(deadline);
+        lb.stop_health_checks();
+        lb.record(&lb.writers[0], true);
+        let (target, until) = lb.starting_pin(&pin).unwrap();
+        let started = tokio::time::Instant::now();
+        assert!(!lb.wait_for_target(&target, until).await);
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert!(
+            lb.starting_pin(&pin).is_none(),
+            "past the deadline: re-pin at once"
+        );
+        assert!(lb.select_pinned(false, Some(&pin)).unwrap().repin);
+    }
+
+    #[test]
+    fn pins_depend_on_the_key_and_the_address_only() {
+        let key = PinKey::generate().unwrap();
+        let build = |writers: &[&str], key: &PinKey| {
+            let specs: Vec<TargetSpec> = writers
+                .iter()
+                .map(|s| TargetSpec::parse(s).unwrap())
+                .collect();
+            LoadBalancer::new(
+                "app",
+                &specs,
+                &[],
+                key.clone(),
+                HealthCheckConfig::default(),
+                health::probe_client(),
+            )
+            .unwrap()
+        };
+        // A redeploy that keeps a target keeps its pin (the key is handed on).
+        let old = build(&["aa:1", "bb:1"], &key);
+        let new = build(&["bb:1;weight=3", "cc:1"], old.pin_key());
+        assert_eq!(old.writers[1].pin(), new.writers[0].pin());
+        assert_ne!(new.writers[0].pin(), new.writers[1].pin());
+        let other = build(&["bb:1"], &PinKey::generate().unwrap());
+        assert_ne!(other.writers[0].pin(), new.writers[0].pin());
     }
 }

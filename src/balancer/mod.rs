@@ -480,8 +480,9 @@ async fn probe_loop(lb: Weak<LoadBalancer>, target: Arc<Target>, mode: ProbeMode
 mod tests {
     use super::*;
 
-    /// A pool of `host:port[;weight=N]` specs.
-    fn pool(writers: &[&str], readers: &[&str]) -> Arc<LoadBalancer> {
+    /// A pool of `host:port[;weight=N]` specs (also for the tests of `weighted` and
+    /// `affinity`, which exercise the pool's selection).
+    pub(super) fn pool(writers: &[&str], readers: &[&str]) -> Arc<LoadBalancer> {
         let specs = |v: &[&str]| -> Vec<TargetSpec> {
             v.iter().map(|s| TargetSpec::parse(s).unwrap()).collect()
         };
@@ -496,7 +497,7 @@ mod tests {
         .unwrap()
     }
 
-    fn picks(lb: &LoadBalancer, read: bool, n: usize) -> Vec<String> {
+    pub(super) fn picks(lb: &LoadBalancer, read: bool, n: usize) -> Vec<String> {
         (0..n)
             .map(|_| lb.select(read).unwrap().address().to_string())
             .collect()
@@ -551,163 +552,5 @@ mod tests {
         let lb = pool(&["a1:1;weight=4", "a2:1;weight=4"], &[]);
         lb.mark_all_healthy();
         assert_eq!(picks(&lb, false, 3), ["a2:1", "a1:1", "a2:1"]);
-    }
-
-    #[test]
-    fn weights_split_smoothly_over_healthy_targets_readers_apart() {
-        let lb = pool(
-            &["w1:1", "w2:1;weight=5"],
-            &["r1:1;weight=2", "r2:1", "r3:1"],
-        );
-        lb.mark_all_healthy();
-        assert_eq!(
-            picks(&lb, false, 6),
-            ["w2:1", "w2:1", "w1:1", "w2:1", "w2:1", "w2:1"]
-        );
-        let reads = picks(&lb, true, 400);
-        let count = |a: &str| reads.iter().filter(|r| *r == a).count();
-        assert_eq!(
-            (count("r1:1"), count("r2:1"), count("r3:1")),
-            (200, 100, 100)
-        );
-        // The writers' cycle went on untouched by the reads.
-        assert_eq!(
-            picks(&lb, false, 6).iter().filter(|a| *a == "w1:1").count(),
-            1
-        );
-
-        // A target that fails its check leaves the cycle; the rest keep their proportions.
-        let lb = pool(&["aa:1", "bb:1;weight=2", "cc:1;weight=3"], &[]);
-        lb.mark_all_healthy();
-        lb.writers[2].set_health(Health::Unhealthy);
-        lb.rebuild_healthy();
-        let split = picks(&lb, false, 300);
-        assert_eq!(split.iter().filter(|a| *a == "aa:1").count(), 100);
-        assert_eq!(split.iter().filter(|a| *a == "bb:1").count(), 200);
-    }
-
-    #[test]
-    fn a_pin_holds_while_its_writer_is_healthy_and_is_replaced_when_it_is_not() {
-        let lb = pool(&["w1:1", "w2:1", "w3:1"], &["reader:1"]);
-        lb.mark_all_healthy();
-        let first = lb.select_pinned(false, None).unwrap();
-        assert!(first.repin, "no cookie: pinned afresh");
-        let pin = first.target.pin().to_string();
-        assert_eq!(pin.len(), 32);
-        for _ in 0..10 {
-            let again = lb.select_pinned(false, Some(&pin)).unwrap();
-            assert_eq!(again.target.address(), first.target.address());
-            assert!(!again.repin, "the cookie already names it");
-        }
-        // Reads served by a reader are never pinned.
-        let read = lb.select_pinned(true, Some(&pin)).unwrap();
-        assert_eq!((read.target.address(), read.repin), ("reader:1", false));
-        // A forged pin counts for nothing.
-        assert!(
-            lb.select_pinned(false, Some("0123456789abcdef0123456789abcdef"))
-                .unwrap()
-                .repin
-        );
-        assert!(lb.select_pinned(false, Some("")).unwrap().repin);
-        // The pinned writer fails: another one serves, and is pinned.
-        first.target.set_health(Health::Unhealthy);
-        lb.rebuild_healthy();
-        let moved = lb.select_pinned(false, Some(&pin)).unwrap();
-        assert_ne!(moved.target.address(), first.target.address());
-        assert!(moved.repin);
-        // No writer at all: nothing to pin to.
-        lb.suspend();
-        assert!(lb.select_pinned(false, Some(&pin)).is_none());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn after_a_wake_a_pinned_client_waits_for_its_own_target_until_the_wake_deadline() {
-        let lb = pool(&["w1:1", "w2:1"], &[]);
-        lb.mark_all_healthy();
-        let pin = lb.writers[1].pin().to_string();
-        assert!(
-            lb.starting_pin(&pin).is_none(),
-            "no wake: nothing to wait for"
-        );
-        lb.suspend();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        lb.resume(deadline);
-        lb.stop_health_checks(); // the test decides who answers
-        // The other writer answers first: the wake is over, but this client waits.
-        lb.record(&lb.writers[0], true);
-        let (target, until) = lb.starting_pin(&pin).expect("its target is starting");
-        assert_eq!((target.address(), until), ("w2:1", deadline));
-        let waited = {
-            let lb = lb.clone();
-            let target = target.clone();
-            tokio::spawn(async move { lb.wait_for_target(&target, until).await })
-        };
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        lb.record(&lb.writers[1], true);
-        assert!(waited.await.unwrap());
-        let pick = lb.select_pinned(false, Some(&pin)).unwrap();
-        assert_eq!((pick.target.address(), pick.repin), ("w2:1", false));
-
-        // A target that never comes back holds its clients until the deadline only.
-        lb.suspend();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        lb.resume(deadline);
-        lb.stop_health_checks();
-        lb.record(&lb.writers[0], true);
-        let (target, until) = lb.starting_pin(&pin).unwrap();
-        let started = tokio::time::Instant::now();
-        assert!(!lb.wait_for_target(&target, until).await);
-        assert_eq!(started.elapsed(), Duration::from_secs(5));
-        assert!(
-            lb.starting_pin(&pin).is_none(),
-            "past the deadline: re-pin at once"
-        );
-        assert!(lb.select_pinned(false, Some(&pin)).unwrap().repin);
-    }
-
-    #[test]
-    fn pins_depend_on_the_key_and_the_address_only() {
-        let key = PinKey::generate().unwrap();
-        let build = |writers: &[&str], key: &PinKey| {
-            let specs: Vec<TargetSpec> = writers
-                .iter()
-                .map(|s| TargetSpec::parse(s).unwrap())
-                .collect();
-            LoadBalancer::new(
-                "app",
-                &specs,
-                &[],
-                key.clone(),
-                HealthCheckConfig::default(),
-                health::probe_client(),
-            )
-            .unwrap()
-        };
-        // A redeploy that keeps a target keeps its pin (the key is handed on).
-        let old = build(&["aa:1", "bb:1"], &key);
-        let new = build(&["bb:1;weight=3", "cc:1"], old.pin_key());
-        assert_eq!(old.writers[1].pin(), new.writers[0].pin());
-        assert_ne!(new.writers[0].pin(), new.writers[1].pin());
-        let other = build(&["bb:1"], &PinKey::generate().unwrap());
-        assert_ne!(other.writers[0].pin(), new.writers[0].pin());
-    }
-
-    #[test]
-    fn a_weight_out_of_range_cannot_build_a_pool() {
-        let spec = TargetSpec {
-            address: "web:80".into(),
-            weight: 0,
-        };
-        let err = LoadBalancer::new(
-            "app",
-            &[spec],
-            &[],
-            PinKey::generate().unwrap(),
-            HealthCheckConfig::default(),
-            health::probe_client(),
-        )
-        .err()
-        .unwrap();
-        assert_eq!(err, "invalid target weight: 0 is outside 1-1000");
     }
 }

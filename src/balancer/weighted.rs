@@ -67,6 +67,10 @@ fn gcd(a: u32, b: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balancer::health::{self, HealthCheckConfig};
+    use crate::balancer::spec::TargetSpec;
+    use crate::balancer::tests::{picks, pool};
+    use crate::balancer::{Health, LoadBalancer, affinity::PinKey};
 
     fn cycle(weights: &[u32]) -> Vec<usize> {
         let s = Schedule::for_weights(weights).unwrap();
@@ -96,5 +100,57 @@ mod tests {
         assert_eq!(s.len(), 1999);
         let firsts = (0..s.len()).filter(|&n| s.pick(n) == 0).count();
         assert_eq!(firsts, 1000);
+    }
+
+    #[test]
+    fn weights_split_smoothly_over_healthy_targets_readers_apart() {
+        let lb = pool(
+            &["w1:1", "w2:1;weight=5"],
+            &["r1:1;weight=2", "r2:1", "r3:1"],
+        );
+        lb.mark_all_healthy();
+        assert_eq!(
+            picks(&lb, false, 6),
+            ["w2:1", "w2:1", "w1:1", "w2:1", "w2:1", "w2:1"]
+        );
+        let reads = picks(&lb, true, 400);
+        let count = |a: &str| reads.iter().filter(|r| *r == a).count();
+        assert_eq!(
+            (count("r1:1"), count("r2:1"), count("r3:1")),
+            (200, 100, 100)
+        );
+        // The writers' cycle went on untouched by the reads.
+        assert_eq!(
+            picks(&lb, false, 6).iter().filter(|a| *a == "w1:1").count(),
+            1
+        );
+
+        // A target that fails its check leaves the cycle; the rest keep their proportions.
+        let lb = pool(&["aa:1", "bb:1;weight=2", "cc:1;weight=3"], &[]);
+        lb.mark_all_healthy();
+        lb.writers[2].set_health(Health::Unhealthy);
+        lb.rebuild_healthy();
+        let split = picks(&lb, false, 300);
+        assert_eq!(split.iter().filter(|a| *a == "aa:1").count(), 100);
+        assert_eq!(split.iter().filter(|a| *a == "bb:1").count(), 200);
+    }
+
+    #[test]
+    fn a_weight_out_of_range_cannot_build_a_pool() {
+        let spec = TargetSpec {
+            address: "web:80".into(),
+            weight: 0,
+        };
+        let err = LoadBalancer::new(
+            "app",
+            &[spec],
+            &[],
+            PinKey::generate().unwrap(),
+            HealthCheckConfig::default(),
+            health::probe_client(),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(err, "invalid target weight: 0 is outside 1-1000");
     }
 }
