@@ -1,12 +1,11 @@
 //! Honouring an app's `Keep-Alive: timeout=N` (issue 10 §2): its idle connections leave our
 //! pool before the app closes them, so a request is never written into a closing socket.
 //!
-//! Why per host and not per connection: the pool is hyper-util's, and its one knob is the
-//! idle timeout, checked against the time a connection went idle each time one is taken
-//! from the pool. A per-connection deadline would need a timer that knows when the
-//! connection is idle, which only the pool knows (and `Connected::poison`, its one hook,
-//! cannot be reached from outside once the connection is made). So an app that announces
-//! a timeout has its requests sent through a pool whose idle timeout is below it. Pools are
+//! Why per host and not per connection: the pool's one knob ([`super::pool`]) is the idle
+//! timeout, checked against the time a connection went idle each time one is taken from
+//! the pool, which keeps the pool's take and return to a push and a pop. A per-connection
+//! deadline would need a timer per idle connection. So an app that announces a timeout
+//! has its requests sent through a pool whose idle timeout is below it. Pools are
 //! rungs of a short ladder, so a handful of them serve any number of apps; a rung below
 //! the announced timeout only costs an earlier reconnect. An app announces the same value on
 //! every keep-alive response (Node: 5 s, Apache: 5 s), so the first response teaches it.
@@ -163,6 +162,57 @@ mod tests {
             assert_eq!(rung.map(|r| RUNGS[r]), want, "timeout={timeout:?}");
             if let Some(r) = rung {
                 assert!(RUNGS[r] < timeout || timeout.is_zero());
+            }
+        }
+    }
+
+    // The header comes from the app: any bytes it sends are read without a panic, and a
+    // `timeout` parameter among any others is found.
+    proptest::proptest! {
+        #[test]
+        fn any_header_value_is_read_without_panic(value in proptest::collection::vec(0x20u8..0x7f, 0..64)) {
+            let mut h = HeaderMap::new();
+            if let Ok(v) = http::HeaderValue::from_bytes(&value) {
+                h.insert("keep-alive", v);
+            }
+            let _ = announced_timeout(&h);
+        }
+
+        #[test]
+        fn the_timeout_is_found_among_other_parameters(
+            secs in 0u64..1_000_000,
+            before in proptest::collection::vec("[a-z]{1,8}=[0-9]{1,4}", 0..3),
+            after in proptest::collection::vec("[a-z]{1,8}=[0-9]{1,4}", 0..3),
+        ) {
+            let params: Vec<String> = before
+                .iter()
+                .filter(|p| !p.starts_with("timeout="))
+                .cloned()
+                .chain([format!("timeout={secs}")])
+                .chain(after.iter().filter(|p| !p.starts_with("timeout=")).cloned())
+                .collect();
+            let mut h = HeaderMap::new();
+            h.insert("keep-alive", http::HeaderValue::from_str(&params.join(", ")).unwrap());
+            proptest::prop_assert_eq!(announced_timeout(&h), Some(Duration::from_secs(secs)));
+        }
+
+        #[test]
+        fn the_rung_is_the_longest_that_ends_before_the_apps_timeout(ms in 0u64..200_000) {
+            let timeout = Duration::from_millis(ms);
+            match rung_for(timeout, DEFAULT) {
+                None => proptest::prop_assert!(
+                    timeout.saturating_sub(Duration::from_secs(1)).max(timeout / 2) >= DEFAULT
+                ),
+                Some(r) => {
+                    // Below the app's timeout (rung 0, "never reuse", always is), and the
+                    // next rung up would not leave the margin.
+                    proptest::prop_assert!(RUNGS[r] < timeout || r == 0);
+                    let limit = timeout.saturating_sub(Duration::from_secs(1)).max(timeout / 2);
+                    proptest::prop_assert!(RUNGS[r] <= limit);
+                    if let Some(next) = RUNGS.get(r + 1) {
+                        proptest::prop_assert!(*next > limit);
+                    }
+                }
             }
         }
     }

@@ -243,10 +243,17 @@ pub async fn accept_loop<F, Fut>(
                 );
             }
         };
+        // A connection already accepted is served even when the stop comes while it
+        // waits for a slot: it has left the (possibly shared) queue, so nobody else can
+        // answer it, and dropping it would reset a request the client has sent. `biased`
+        // because a free slot and a stop can be ready together, and `select!` would
+        // otherwise pick one at random.
         let slot = tokio::select! {
-            s = slots.acquire(full) => s,
-            _ = stop.cancelled() => break,
+            biased;
+            s = slots.acquire(full) => Some(s),
+            _ = stop.cancelled() => None,
         };
+        let stopping = slot.is_none();
         let open = open_tx.clone();
         let connection = serve(stream, client, draining.clone());
         tokio::spawn(async move {
@@ -254,6 +261,9 @@ pub async fn accept_loop<F, Fut>(
             let _slot = slot;
             connection.await;
         });
+        if stopping {
+            break;
+        }
     }
     drop(listener);
     drop(open_tx);
