@@ -7,8 +7,13 @@ use serde_json::{Value, json};
 use testkit::go_state::{GO_FIXTURE, as_go_reads_it, check_go_decodable};
 use testkit::{Proxy, Reply, backend::Backend, client};
 
-async fn send(proxy: &Proxy, method: reqwest::Method, cookie: Option<&str>) -> Reply {
-    let mut req = client().request(method, proxy.url("/"));
+async fn send(
+    http: &reqwest::Client,
+    proxy: &Proxy,
+    method: reqwest::Method,
+    cookie: Option<&str>,
+) -> Reply {
+    let mut req = http.request(method, proxy.url("/"));
     if let Some(c) = cookie {
         req = req.header("cookie", c);
     }
@@ -20,8 +25,10 @@ async fn send(proxy: &Proxy, method: reqwest::Method, cookie: Option<&str>) -> R
     }
 }
 
-/// Sends `n` requests one after another and returns which backend answered each.
+/// Sends `n` requests one after another on one client (its connections kept, as a
+/// browser's) and returns which backend answered each.
 async fn answers(
+    http: &reqwest::Client,
     proxy: &Proxy,
     method: reqwest::Method,
     cookie: Option<&str>,
@@ -29,7 +36,7 @@ async fn answers(
 ) -> Vec<String> {
     let mut seen = Vec::with_capacity(n);
     for _ in 0..n {
-        let r = send(proxy, method.clone(), cookie).await;
+        let r = send(http, proxy, method.clone(), cookie).await;
         assert_eq!(r.status, 200, "{r:?}");
         seen.push(r.body);
     }
@@ -56,6 +63,7 @@ fn assert_one_to_five(seen: &[String], light: &Backend, heavy: &Backend) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_one_to_five_split_is_exact_over_600_requests_and_survives_a_restart() {
+    let http = client();
     let light = Backend::start("light").await;
     let heavy = Backend::start("heavy").await;
     let mut proxy = Proxy::start().await;
@@ -69,7 +77,7 @@ async fn a_one_to_five_split_is_exact_over_600_requests_and_survives_a_restart()
         ])
         .await;
 
-    let seen = answers(&proxy, reqwest::Method::GET, None, 600).await;
+    let seen = answers(&http, &proxy, reqwest::Method::GET, None, 600).await;
     assert_one_to_five(&seen, &light, &heavy);
     assert_eq!((light.hits(), heavy.hits()), (100, 500));
 
@@ -102,7 +110,7 @@ async fn a_one_to_five_split_is_exact_over_600_requests_and_survives_a_restart()
 
     // Restored by our binary, weights and all.
     proxy.restart().await;
-    let seen = answers(&proxy, reqwest::Method::GET, None, 600).await;
+    let seen = answers(&http, &proxy, reqwest::Method::GET, None, 600).await;
     assert_one_to_five(&seen, &light, &heavy);
     assert_eq!(
         proxy.list_json().await["services"]["app"]["targets"],
@@ -112,6 +120,7 @@ async fn a_one_to_five_split_is_exact_over_600_requests_and_survives_a_restart()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn readers_and_writers_are_weighted_apart() {
+    let http = client();
     let w1 = Backend::start("w1").await;
     let w3 = Backend::start("w3").await;
     let r2 = Backend::start("r2").await;
@@ -129,8 +138,8 @@ async fn readers_and_writers_are_weighted_apart() {
     let mut reads = Vec::new();
     let mut writes = Vec::new();
     for _ in 0..300 {
-        reads.extend(answers(&proxy, reqwest::Method::GET, None, 1).await);
-        writes.extend(answers(&proxy, reqwest::Method::POST, None, 1).await);
+        reads.extend(answers(&http, &proxy, reqwest::Method::GET, None, 1).await);
+        writes.extend(answers(&http, &proxy, reqwest::Method::POST, None, 1).await);
     }
     assert_eq!((count(&reads, "r2"), count(&reads, "r1")), (200, 100));
     assert_eq!((count(&writes, "w1"), count(&writes, "w3")), (75, 225));
@@ -150,6 +159,7 @@ async fn readers_and_writers_are_weighted_apart() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_weighted_target_that_fails_its_check_leaves_the_split_to_the_others() {
+    let http = client();
     let a = Backend::start("a").await;
     let b = Backend::start("b").await;
     let c = Backend::start("c").await;
@@ -176,7 +186,7 @@ async fn a_weighted_target_that_fails_its_check_leaves_the_split_to_the_others()
                 && l.contains("\"state\":\"unhealthy\"")
         })
         .await;
-    let seen = answers(&proxy, reqwest::Method::GET, None, 300).await;
+    let seen = answers(&http, &proxy, reqwest::Method::GET, None, 300).await;
     assert_eq!(
         (count(&seen, "a"), count(&seen, "b"), count(&seen, "c")),
         (100, 200, 0)
@@ -185,6 +195,7 @@ async fn a_weighted_target_that_fails_its_check_leaves_the_split_to_the_others()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rollout_pool_is_weighted_too() {
+    let http = client();
     let web = Backend::start("web").await;
     let new2 = Backend::start("new2").await;
     let new1 = Backend::start("new1").await;
@@ -202,6 +213,7 @@ async fn a_rollout_pool_is_weighted_too() {
         .await;
     proxy.ok(&["rollout", "set", "app", "--list=beta"]).await;
     let seen = answers(
+        &http,
         &proxy,
         reqwest::Method::GET,
         Some("kamal-rollout=beta"),
@@ -210,7 +222,7 @@ async fn a_rollout_pool_is_weighted_too() {
     .await;
     assert_eq!((count(&seen, "new2"), count(&seen, "new1")), (200, 100));
     assert_eq!(
-        answers(&proxy, reqwest::Method::GET, None, 3).await,
+        answers(&http, &proxy, reqwest::Method::GET, None, 3).await,
         ["web", "web", "web"]
     );
     let listed = &proxy.list_json().await["services"]["app"];
@@ -280,6 +292,7 @@ async fn bad_weights_are_refused_by_the_cli_and_the_server_and_change_nothing() 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_state_file_of_the_go_fork_with_weights_in_upstream_s_list_is_restored() {
+    let http = client();
     let light = Backend::start("light").await;
     let heavy = Backend::start("heavy").await;
     let mut proxy = Proxy::start().await;
@@ -300,7 +313,7 @@ async fn a_state_file_of_the_go_fork_with_weights_in_upstream_s_list_is_restored
     .unwrap();
     proxy.respawn().await;
 
-    let seen = answers(&proxy, reqwest::Method::GET, None, 60).await;
+    let seen = answers(&http, &proxy, reqwest::Method::GET, None, 60).await;
     assert_one_to_five(&seen, &light, &heavy);
     // The next save writes it the way upstream's Go reads it.
     proxy.ok(&["pause", "app"]).await;
