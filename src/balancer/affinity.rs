@@ -164,7 +164,7 @@ mod tests {
         lb.mark_all_healthy();
         let pin = lb.writers[1].pin().to_string();
         assert!(
-            lb.starting_pin(&pin).is_none(),
+            lb.starting_pin(false, &pin).is_none(),
             "no wake: nothing to wait for"
         );
         lb.suspend();
@@ -173,7 +173,9 @@ mod tests {
         lb.stop_health_checks(); // the test decides who answers
         // The other writer answers first: the wake is over, but this client waits.
         lb.record(&lb.writers[0], true);
-        let (target, until) = lb.starting_pin(&pin).expect("its target is starting");
+        let (target, until) = lb
+            .starting_pin(false, &pin)
+            .expect("its target is starting");
         assert_eq!((target.address(), until), ("w2:1", deadline));
         let waited = {
             let lb = lb.clone();
@@ -192,15 +194,27 @@ mod tests {
         lb.resume(deadline);
         lb.stop_health_checks();
         lb.record(&lb.writers[0], true);
-        let (target, until) = lb.starting_pin(&pin).unwrap();
+        let (target, until) = lb.starting_pin(false, &pin).unwrap();
         let started = tokio::time::Instant::now();
         assert!(!lb.wait_for_target(&target, until).await);
         assert_eq!(started.elapsed(), Duration::from_secs(5));
         assert!(
-            lb.starting_pin(&pin).is_none(),
+            lb.starting_pin(false, &pin).is_none(),
             "past the deadline: re-pin at once"
         );
         assert!(lb.select_pinned(false, Some(&pin)).unwrap().repin);
+
+        // A read that a healthy reader serves is never pinned, so it waits for nothing;
+        // one that falls back to the writers waits as a write does.
+        let lb = pool(&["w1:1", "w2:1"], &["reader:1"]);
+        let pin = lb.writers[1].pin().to_string();
+        lb.resume(tokio::time::Instant::now() + Duration::from_secs(30));
+        lb.stop_health_checks();
+        lb.record(&lb.writers[0], true);
+        assert!(lb.starting_pin(true, &pin).is_some(), "no reader yet");
+        lb.record(&lb.readers[0], true);
+        assert!(lb.starting_pin(true, &pin).is_none());
+        assert!(lb.starting_pin(false, &pin).is_some());
     }
 
     #[test]

@@ -329,14 +329,21 @@ impl LoadBalancer {
     /// without this every client pinned to another container would be re-pinned to the
     /// first one up. A client whose pinned writer is still starting (unverified since the
     /// wake) waits for it instead, until the wake's own deadline; returns that writer and
-    /// the deadline. A writer that failed later, or after the deadline, re-pins at once.
-    pub fn starting_pin(&self, cookie: &str) -> Option<(Arc<Target>, tokio::time::Instant)> {
+    /// the deadline. A writer that failed later, or after the deadline, re-pins at once;
+    /// a read that a healthy reader serves waits for nothing.
+    pub fn starting_pin(
+        &self,
+        read_request: bool,
+        cookie: &str,
+    ) -> Option<(Arc<Target>, tokio::time::Instant)> {
         let until = self.pins_wait_until.load(Ordering::Acquire);
         if until == 0 || cookie.is_empty() {
             return None;
         }
         let until = self.created + Duration::from_nanos(until);
-        if tokio::time::Instant::now() >= until {
+        if tokio::time::Instant::now() >= until
+            || (read_request && !self.healthy.load().readers.is_empty())
+        {
             return None;
         }
         self.writers

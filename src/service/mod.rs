@@ -326,15 +326,16 @@ impl Service {
         // a write, or a read kept on the writers, goes to the writer the client's cookie
         // pins; weights and rotation choose only for a client without a live pin.
         let session_cookie = config.options.session_cookie();
-        if let Some(cookie) = session_cookie.and_then(|name| request_cookie(req.headers(), name)) {
-            // Just woken, its container still starting: wait for it rather than re-pin.
-            if let Some((pinned, until)) = lb.starting_pin(cookie) {
-                let until = deadline.map_or(until, |d| d.min(until));
-                lb.wait_for_target(&pinned, until).await;
-            }
-        }
         let picked = match session_cookie {
-            Some(name) => lb.select_pinned(to_reader, request_cookie(req.headers(), name)),
+            Some(name) => {
+                let pin = request_cookie(req.headers(), name);
+                // Just woken, its container still starting: wait for it, not re-pin.
+                if let Some((pinned, until)) = pin.and_then(|c| lb.starting_pin(to_reader, c)) {
+                    let until = deadline.map_or(until, |d| d.min(until));
+                    lb.wait_for_target(&pinned, until).await;
+                }
+                lb.select_pinned(to_reader, pin)
+            }
             None => lb.select(to_reader).map(|target| Pick {
                 target,
                 repin: false,
