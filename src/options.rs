@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use crate::gotime::GoDuration;
 
+pub mod upstream;
+use upstream::{RetryOptions, UpstreamOptions};
+
 pub const DEFAULT_DEPLOY_TIMEOUT: GoDuration = GoDuration::from_secs(30);
 pub const DEFAULT_DRAIN_TIMEOUT: GoDuration = GoDuration::from_secs(30);
 pub const DEFAULT_PAUSE_TIMEOUT: GoDuration = GoDuration::from_secs(30);
@@ -133,6 +136,9 @@ pub struct ServiceOptions {
     /// Whole-request deadline, nanoseconds; 0 = none.
     #[serde(skip_serializing_if = "is_zero")]
     pub request_timeout: GoDuration,
+    /// `--target-try-duration`/`--target-try-interval` (fork keys, omitted when unset).
+    #[serde(flatten)]
+    pub retry: RetryOptions,
 }
 
 impl Default for ServiceOptions {
@@ -173,6 +179,7 @@ impl Default for ServiceOptions {
             redirects: Vec::new(),
             rewrites: Vec::new(),
             request_timeout: GoDuration::ZERO,
+            retry: RetryOptions::default(),
         }
     }
 }
@@ -193,6 +200,9 @@ pub struct TargetOptions {
     pub log_response_headers: Vec<String>,
     pub forward_headers: bool,
     pub scope_cookie_paths: bool,
+    /// The pool flags and per-path timeouts (fork keys, omitted when unset).
+    #[serde(flatten)]
+    pub upstream: UpstreamOptions,
 }
 
 impl Default for TargetOptions {
@@ -209,6 +219,7 @@ impl Default for TargetOptions {
             log_response_headers: Vec::new(),
             forward_headers: true,
             scope_cookie_paths: false,
+            upstream: UpstreamOptions::default(),
         }
     }
 }
@@ -235,7 +246,9 @@ impl TargetOptions {
         {
             return Err("buffer sizes cannot be negative".into());
         }
-        Ok(())
+        self.upstream
+            .validate()
+            .map_err(|e| format!("target options invalid: {e}"))
     }
 }
 
@@ -429,7 +442,7 @@ impl ServiceOptions {
         if !self.sleep_labels.is_empty() && !self.sleep_containers.is_empty() {
             return Err("sleep-label and sleep-container cannot be used together".into());
         }
-        Ok(())
+        self.retry.validate()
     }
 }
 

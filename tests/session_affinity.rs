@@ -253,6 +253,46 @@ async fn the_proxy_s_own_error_pages_never_pin() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn with_retries_a_pinned_target_that_fails_is_tried_once_and_the_client_moves() {
+    // Probed rarely, so the dead target is still in the pool when the request comes.
+    let (proxy, backends) = three_writers(&[]).await;
+    let targets = backends
+        .iter()
+        .map(Backend::target)
+        .collect::<Vec<_>>()
+        .join(",");
+    proxy
+        .deploy(
+            "app",
+            &targets,
+            &[
+                "--session-affinity",
+                "--health-check-interval=1h",
+                "--target-try-duration=5s",
+            ],
+        )
+        .await;
+    let first = get(&proxy, None).await;
+    let cookie = pair(&set_cookie(&first, "kamal-session").unwrap());
+    let pinned = backends.iter().find(|b| b.name == first.body).unwrap();
+    pinned.kill();
+
+    let moved = get(&proxy, Some(&cookie)).await;
+    assert_eq!(moved.status, 200, "retried on another target");
+    assert_ne!(moved.body, first.body);
+    let repinned = pair(&set_cookie(&moved, "kamal-session").expect("pinned where it landed"));
+    assert_ne!(repinned, cookie);
+    proxy
+        .wait_for_log("the access log counting one retry", |l| {
+            l.contains("\"msg\":\"Request\"") && l.contains("\"retries\":1")
+        })
+        .await;
+    for _ in 0..4 {
+        assert_eq!(get(&proxy, Some(&repinned)).await.body, moved.body);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn reads_served_by_readers_are_not_pinned_and_writes_keep_their_reads_on_the_writer() {
     let writers = [Backend::start("w1").await, Backend::start("w2").await];
     let reader = Backend::start("reader").await;

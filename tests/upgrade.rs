@@ -2,88 +2,9 @@
 //! data flags (fork F29–F31): two real `kamal-proxy run` processes on one port, the new
 //! one taking the listening sockets over, the old one drained, under continuous load.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use testkit::load::Load;
 use testkit::{Proxy, backend::Backend, poll_until};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Continuous load: each worker sends `GET /` on a fresh connection, one after the
-/// other, and counts what came back. Fresh connections are what an upgrade endangers:
-/// every one of them goes through the listening socket's accept queue.
-struct Load {
-    ok: AtomicU64,
-    failed: AtomicU64,
-    longest_us: AtomicU64,
-    stop: AtomicBool,
-    failures: std::sync::Mutex<Vec<String>>,
-}
-
-impl Load {
-    fn start(port: u16, workers: usize) -> (Arc<Load>, Vec<tokio::task::JoinHandle<()>>) {
-        let load = Arc::new(Load {
-            ok: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            longest_us: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-            failures: Default::default(),
-        });
-        let tasks = (0..workers)
-            .map(|_| {
-                let load = load.clone();
-                tokio::spawn(async move {
-                    while !load.stop.load(Ordering::SeqCst) {
-                        let started = Instant::now();
-                        let outcome = one_request(port).await;
-                        let took = started.elapsed().as_micros() as u64;
-                        load.longest_us.fetch_max(took, Ordering::SeqCst);
-                        match outcome {
-                            Ok(()) => load.ok.fetch_add(1, Ordering::SeqCst),
-                            Err(e) => {
-                                load.failures.lock().unwrap().push(e);
-                                load.failed.fetch_add(1, Ordering::SeqCst)
-                            }
-                        };
-                    }
-                })
-            })
-            .collect();
-        (load, tasks)
-    }
-
-    fn ok(&self) -> u64 {
-        self.ok.load(Ordering::SeqCst)
-    }
-
-    async fn wait_for_more(&self, n: u64) {
-        let target = self.ok() + n;
-        poll_until("requests served", Duration::from_secs(60), || {
-            std::future::ready((self.ok() >= target).then_some(()))
-        })
-        .await;
-    }
-}
-
-async fn one_request(port: u16) -> Result<(), String> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
-        .await
-        .map_err(|e| format!("write: {e}"))?;
-    let mut reply = Vec::new();
-    stream
-        .read_to_end(&mut reply)
-        .await
-        .map_err(|e| format!("read: {e}"))?;
-    let text = String::from_utf8_lossy(&reply);
-    if text.starts_with("HTTP/1.1 200") && text.ends_with("app") {
-        Ok(())
-    } else {
-        Err(format!("reply: {text:?}"))
-    }
-}
 
 fn data_dir(p: &Proxy) -> String {
     p.home().join(".config/kamal-proxy").display().to_string()
@@ -110,7 +31,7 @@ async fn an_upgrade_under_continuous_load_fails_no_request() {
     let mut old = Proxy::start_with(&["--reuse-port"], &[]).await;
     old.deploy("app", &app.target(), &["--host=app.test"]).await;
 
-    let (load, workers) = Load::start(old.http_port, 8);
+    let load = Load::start(old.http_port, "app.test", "app", 8);
     load.wait_for_more(200).await;
 
     // The new generation takes the sockets and the state file over, and serves the
@@ -166,17 +87,8 @@ async fn an_upgrade_under_continuous_load_fails_no_request() {
         .expect("the HTTPS socket lives on in the new generation");
     load.wait_for_more(300).await;
 
-    load.stop.store(true, Ordering::SeqCst);
-    for w in workers {
-        w.await.unwrap();
-    }
-    let failed = load.failed.load(Ordering::SeqCst);
-    eprintln!(
-        "upgrade under load: {} requests, {failed} failed, longest {} ms",
-        load.ok() + failed,
-        load.longest_us.load(Ordering::SeqCst) / 1000
-    );
-    assert_eq!(failed, 0, "{:?}", load.failures.lock().unwrap());
+    let outcome = load.finish().await;
+    assert_eq!(outcome.failures, Vec::<String>::new(), "{outcome:?}");
 
     // The new generation owns the state now.
     new.deploy("other", &app.target(), &["--host=other.test"])
@@ -368,7 +280,7 @@ async fn measure_an_upgrade_with_reuse_port_alone() {
     let app = Backend::start("app").await;
     let mut old = Proxy::start_with(&["--reuse-port"], &[]).await;
     old.deploy("app", &app.target(), &["--host=app.test"]).await;
-    let (load, workers) = Load::start(old.http_port, 8);
+    let load = Load::start(old.http_port, "app.test", "app", 8);
     load.wait_for_more(200).await;
     let new = Proxy::start_with(
         &[
@@ -384,14 +296,10 @@ async fn measure_an_upgrade_with_reuse_port_alone() {
     old.ok(&["drain", "--drain-timeout=30s"]).await;
     old.terminate().await;
     load.wait_for_more(300).await;
-    load.stop.store(true, Ordering::SeqCst);
-    for w in workers {
-        w.await.unwrap();
-    }
-    let failed = load.failed.load(Ordering::SeqCst);
+    let outcome = load.finish().await;
     eprintln!(
-        "SO_REUSEPORT alone: {} requests, {failed} failed, longest {} ms",
-        load.ok() + failed,
-        load.longest_us.load(Ordering::SeqCst) / 1000
+        "SO_REUSEPORT alone: {} failed: {:?}",
+        outcome.failures.len(),
+        outcome.failures
     );
 }

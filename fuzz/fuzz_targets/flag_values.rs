@@ -2,6 +2,7 @@
 #![no_main]
 
 use kamal_proxy::cli::values::{duration, float64, go_bool, go_quote, int64, port};
+use kamal_proxy::options::upstream::{PathTimeouts, from_pairs, parse_pairs};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {
@@ -17,6 +18,14 @@ fuzz_target!(|text: &str| {
         assert_eq!(port(&p.to_string()), Ok(p));
     }
     let _ = duration(text);
+    // `--path-timeout` / `--path-request-timeout` values, and the paths they then match.
+    if let Ok(pairs) = parse_pairs(text) {
+        if let Ok(list) = from_pairs("path-timeout", &pairs) {
+            let compiled = PathTimeouts::compile(&list);
+            assert_eq!(PathTimeouts::compile(&from_pairs("path-timeout", &pairs).unwrap()), compiled);
+            let _ = compiled.resolve(text);
+        }
+    }
     let quoted = go_quote(text);
     assert!(quoted.starts_with('"') && quoted.ends_with('"'));
 });

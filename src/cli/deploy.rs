@@ -202,6 +202,10 @@ pub struct DeployCmd {
     /// Deadline for the whole request, holds included; 504 when it passes (0 = none; WebSocket and SSE exempt)
     #[arg(long = "request-timeout", value_parser = duration, default_value = "0", value_name = "DURATION")]
     request_timeout: GoDuration,
+
+    /// The upstream leg: retries, the connection pool, per-path timeouts.
+    #[command(flatten)]
+    upstream: super::upstream::UpstreamFlags,
 }
 
 impl DeployCmd {
@@ -288,6 +292,7 @@ impl DeployCmd {
             redirects: self.redirect.clone(),
             rewrites: self.rewrite.clone(),
             request_timeout: self.request_timeout,
+            retry: self.upstream.retry(),
         };
         let target_options = TargetOptions {
             health_check_config: HealthCheckConfig {
@@ -307,6 +312,7 @@ impl DeployCmd {
             log_response_headers: non_empty(self.log_response_header.clone()),
             forward_headers: self.forward_headers.unwrap_or(!tls),
             scope_cookie_paths: self.scope_cookie_paths.unwrap_or(false),
+            upstream: self.upstream.options()?,
         };
         crate::service::validate(&service_options, &target_options)?;
         let targets = non_empty(target.clone());

@@ -12,6 +12,7 @@ pub mod rollout;
 pub mod run;
 pub mod service_cmds;
 pub mod upgrade;
+pub mod upstream;
 
 use crate::control::{Request, Response, client};
 

@@ -47,6 +47,9 @@ pub struct AccessRecord {
     pub resp_header_names: Arc<Vec<String>>,
     pub resp_headers: Vec<(String, String)>,
     pub exclude_metrics: bool,
+    /// Further attempts to place the request on a target (`--target-try-duration`):
+    /// logged as `retries` when there were any (upstream's line has no such key).
+    pub retries: u32,
 }
 
 /// `X-Custom-Header` → `x_custom_header`.
@@ -152,6 +155,10 @@ fn write_fields(s: &mut String, r: &AccessRecord, duration_ns: i64, bytes_sent: 
     json_escape_into(s, r.scheme);
     key(s, "query");
     json_escape_into(s, query);
+    if r.retries > 0 {
+        key(s, "retries");
+        push_u64(s, u64::from(r.retries));
+    }
     for (k, v) in r.req_headers.iter().chain(r.resp_headers.iter()) {
         key(s, k);
         json_escape_into(s, v);

@@ -1,13 +1,12 @@
 //! The last step of the pipeline: send the request to the chosen target and relay the
 //! response, streaming both ways unless the service asked for buffering.
 
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use std::sync::{Arc, OnceLock};
+use hyper_util::rt::TokioIo;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::body::finish;
@@ -16,35 +15,20 @@ use super::buffer::{BufferError, SpillBuffer};
 use super::cookies;
 use super::exchange::Exchange;
 use super::headers::{self, ForwardedFor};
-use super::keep_alive::{self, RUNGS};
+use super::keep_alive;
 use super::pages::ErrorPages;
-use super::pool::{self, UpstreamError};
+use super::pool::{self, ConnectFailure, Pools, Reuse};
 use super::rejection::{Refused, Rejection};
-use super::retry::{Replay, TrackingConnector};
+use super::retry::{self, Replay};
 use crate::balancer::Target;
 use crate::options::TargetOptions;
 
-type UpstreamClient = pool::Pool;
-type FreshClient = Client<HttpConnector, RequestBody>;
-
-/// How long an upstream connection may idle in the shared pool.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// Idle connections kept per target.
-const POOL_MAX_IDLE: usize = 100;
-
-/// The upstream connection pools.
+/// Forwards requests to targets through each service's [`Pools`], and keeps what targets
+/// have said about their connections.
 #[derive(Clone)]
 pub struct Forwarder {
-    /// The shared pool.
-    client: UpstreamClient,
-    /// New connections that are never pooled: a re-sent request, an upgrade (its
-    /// connection is the tunnel's, never pooled anyway), an app that wants no reuse.
-    fresh: FreshClient,
-    /// Pools with a shorter idle timeout, one per rung, made when a host first needs it.
-    rungs: Arc<[OnceLock<UpstreamClient>; RUNGS.len()]>,
-    /// Hosts that announced `Keep-Alive: timeout=N`, and their rung.
+    /// Hosts that announced `Keep-Alive: timeout=N`, and how long their connections may idle.
     keep_alive: Arc<keep_alive::Hosts>,
-    connector: HttpConnector,
     /// `run --body-read-timeout`.
     body_read_timeout: Option<Duration>,
 }
@@ -55,6 +39,14 @@ pub struct UpstreamRequest<'a> {
     /// The path after `--strip-path-prefix`, with the query untouched.
     pub path_and_query: PathAndQuery,
     pub options: &'a TargetOptions,
+    /// The service's connections to its targets.
+    pub pools: &'a Pools,
+    /// `--target-timeout`, or the `--path-timeout` of the request's path: how long the
+    /// target may take to start its answer once the request is sent (`None`: no limit).
+    pub response_timeout: Option<Duration>,
+    /// `--target-try-duration` leaves time for another attempt: a failure that
+    /// [`retry::may_try_elsewhere`] allows is handed back instead of answered.
+    pub may_retry: bool,
     pub pages: Option<&'a Arc<ErrorPages>>,
     pub client_ip: &'a str,
     pub tls: bool,
@@ -118,28 +110,33 @@ impl Forwarder {
     /// `body_read_timeout`: how long a client may leave its request body silent
     /// (`None`: for ever).
     pub fn new(body_read_timeout: Option<Duration>) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
         Forwarder {
-            client: pooled(&connector, POOL_IDLE_TIMEOUT),
-            fresh: Client::builder(TokioExecutor::new())
-                .pool_max_idle_per_host(0)
-                .build(connector.clone()),
-            rungs: Arc::new(Default::default()),
             keep_alive: Arc::default(),
-            connector,
             body_read_timeout,
         }
     }
 
-    /// The pool for `host`: the shared one, unless it announced a shorter keep-alive.
-    fn pool_for(&self, host: &Authority) -> Pool<'_> {
-        match self.keep_alive.rung(host) {
-            None => Pool::Pooled(&self.client),
-            Some(0) => Pool::Fresh(&self.fresh),
-            Some(r) => {
-                Pool::Pooled(self.rungs[r].get_or_init(|| pooled(&self.connector, RUNGS[r])))
-            }
+    /// A client's request body as it is forwarded: cut off after `--body-read-timeout`
+    /// of silence.
+    pub fn client_body(&self, incoming: Incoming) -> RequestBody {
+        RequestBody::stream(incoming).read_timeout(self.body_read_timeout)
+    }
+
+    /// How a request to `target` may use the pool: an upgrade or `--target-disable-keep-alives`
+    /// gets a connection of its own; otherwise an idle connection younger than both the
+    /// service's `--target-idle-conn-timeout` and what the app announced.
+    fn reuse_for(&self, pools: &Pools, target: &Target, upgrade: bool) -> Reuse {
+        if upgrade {
+            return Reuse::Upgrade;
+        }
+        let settings = pools.settings();
+        if !settings.keep_alive {
+            return Reuse::Fresh;
+        }
+        match self.keep_alive.limit(target.authority()) {
+            Some(limit) if limit.is_zero() => Reuse::Fresh,
+            Some(limit) => Reuse::Pooled(limit.min(settings.idle_timeout)),
+            None => Reuse::Pooled(settings.idle_timeout),
         }
     }
 
@@ -148,14 +145,16 @@ impl Forwarder {
     /// request's head, kept for bodiless requests only (a body cannot be sent twice).
     async fn send(
         &self,
-        pool: Pool<'_>,
+        pools: &Pools,
+        reuse: Reuse,
         req: Request<RequestBody>,
         replay: Option<Replay>,
+        checked_out: Option<tokio::sync::oneshot::Sender<()>>,
         target: &str,
     ) -> Result<Response<Incoming>, SendError> {
-        let e = match pool.request(req).await {
+        let e: BoxError = match pools.send(req, reuse, checked_out).await {
             Ok(r) => return Ok(r),
-            Err(e) => e,
+            Err(e) => e.into(),
         };
         let Some(replay) = replay.filter(|r| r.allowed_after(&*e)) else {
             return Err(SendError {
@@ -169,8 +168,12 @@ impl Forwarder {
             error = %describe(&e),
             "Resending request on a new connection"
         );
-        self.fresh
-            .request(replay.into_request(RequestBody::empty()))
+        pools
+            .send(
+                replay.into_request(RequestBody::empty()),
+                Reuse::Fresh,
+                None,
+            )
             .await
             .map_err(|error| SendError {
                 error: error.into(),
@@ -178,14 +181,16 @@ impl Forwarder {
             })
     }
 
-    /// Forwards `req`; the returned response carries `exchange` in its body (or, for an
-    /// upgrade, in the task that copies the upgraded connection).
+    /// Forwards `req` (its body from [`Self::client_body`]); the returned response carries
+    /// `exchange` in its body (or, for an upgrade, in the task that copies the upgraded
+    /// connection). With `up.may_retry`, a failure that allows another attempt comes back
+    /// as [`Retry`] instead, with nothing sent to the client.
     pub async fn forward(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<RequestBody>,
         up: UpstreamRequest<'_>,
         exchange: Exchange,
-    ) -> Response<ResponseBody> {
+    ) -> Result<Response<ResponseBody>, Box<Retry>> {
         let opts = up.options;
         let upgrade = headers::upgrade_type(req.headers());
         let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
@@ -194,7 +199,11 @@ impl Forwarder {
         let head_request = parts.method == http::Method::HEAD;
         // Kept for a rejection's rendering (a copy only for a non-standard method).
         let method = parts.method.clone();
-        let incoming = RequestBody::stream(incoming).read_timeout(self.body_read_timeout);
+        // The request as the client sent it, for another attempt (fork F18): kept only
+        // when one may come and the request qualifies.
+        let again = (up.may_retry
+            && retry::may_try_elsewhere(&method, incoming.is_end_stream(), upgrade.is_some()))
+        .then(|| Replay::of(&parts));
         let mut body = if opts.buffer_requests && upgrade.is_none() {
             let buffered = match up.deadline {
                 Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))
@@ -205,7 +214,7 @@ impl Forwarder {
             match buffered {
                 Ok(b) => b,
                 Err(rejection) => {
-                    return up.reject(rejection, parts.uri.path(), &method, exchange);
+                    return Ok(up.reject(rejection, parts.uri.path(), &method, exchange));
                 }
             }
         } else {
@@ -267,15 +276,34 @@ impl Forwarder {
         std::mem::swap(&mut parts.uri, &mut uri);
         parts.version = Version::HTTP_11;
         let body_sent = body.track_sent();
+        let reuse = self.reuse_for(up.pools, up.target, upgrade.is_some());
+        if !up.pools.settings().keep_alive && upgrade.is_none() {
+            // `--target-disable-keep-alives`: say so, as Go's transport does.
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         // Only a bodiless request can be sent again: keep its head for that.
         let replay = (body.is_end_stream() && upgrade.is_none()).then(|| Replay::of(&parts));
         let outbound = Request::from_parts(parts, body);
-
-        let pool = match upgrade {
-            Some(_) => Pool::Fresh(&self.fresh),
-            None => self.pool_for(up.target.authority()),
+        // With `--target-max-conns` a request may queue for a connection: the target's
+        // time to answer starts once it has one (Go's `ResponseHeaderTimeout` starts
+        // once the request is written).
+        let (checked_out, queued) = match up.pools.settings().max_conns {
+            Some(_) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
         };
-        let sent = self.send(pool, outbound, replay, up.target.address());
+        let sent = self.send(
+            up.pools,
+            reuse,
+            outbound,
+            replay,
+            checked_out,
+            up.target.address(),
+        );
         let result = {
             let cancelled = async {
                 match exchange.target.as_ref() {
@@ -283,13 +311,20 @@ impl Forwarder {
                     None => std::future::pending().await,
                 }
             };
-            // `--target-timeout` bounds the wait for response headers once the request is
-            // sent (Go's `ResponseHeaderTimeout`), so a slow upload is not cut short.
+            // `--target-timeout` (or `--path-timeout`) bounds the wait for response
+            // headers once the request is sent (Go's `ResponseHeaderTimeout`), so a slow
+            // upload is not cut short.
             let timed_out = async {
+                let Some(limit) = up.response_timeout else {
+                    return std::future::pending().await;
+                };
+                if let Some(rx) = queued {
+                    let _ = rx.await;
+                }
                 if let Some(rx) = body_sent {
                     let _ = rx.await;
                 }
-                tokio::time::sleep(opts.response_timeout()).await;
+                tokio::time::sleep(limit).await;
             };
             // `--request-timeout`: the whole request's deadline, uploads included.
             let deadline = async {
@@ -310,9 +345,12 @@ impl Forwarder {
                 // Release the target now: the 504 page itself must not be cut by the drain.
                 let mut exchange = exchange;
                 exchange.target = None;
-                return up.reject(Rejection::Drained, uri.path(), &method, exchange);
+                return match again {
+                    Some(again) => Err(Retry::new(again, exchange, Rejection::Drained)),
+                    None => Ok(up.reject(Rejection::Drained, uri.path(), &method, exchange)),
+                };
             }
-            Some(Err(fired)) => return up.reject(fired, uri.path(), &method, exchange),
+            Some(Err(fired)) => return Ok(up.reject(fired, uri.path(), &method, exchange)),
             Some(Ok(Err(SendError { error: e, .. }))) if client_body_failed(&e) => {
                 // The client's own body could not be read (malformed chunking) or did not
                 // come: its fault.
@@ -323,27 +361,37 @@ impl Forwarder {
                         detail: describe(&e),
                     }
                 };
-                return up.reject(bad, uri.path(), &method, exchange);
+                return Ok(up.reject(bad, uri.path(), &method, exchange));
             }
             Some(Ok(Err(SendError { error: e, resent }))) => {
-                let failed = Rejection::TargetFailed {
-                    target: up.target.shared_address(),
-                    detail: describe(&e),
-                    resent,
+                let connect = pool::connect_failure(e.as_ref());
+                let failure = match connect {
+                    Some(ConnectFailure::TimedOut(limit)) => Rejection::DialTimedOut {
+                        target: up.target.shared_address(),
+                        limit,
+                    },
+                    _ => Rejection::TargetFailed {
+                        target: up.target.shared_address(),
+                        detail: describe(&e),
+                        resent,
+                    },
                 };
-                return up.reject(failed, uri.path(), &method, exchange);
+                // Only a connection that could not be made proves the target did not act.
+                return match again.filter(|_| connect == Some(ConnectFailure::Failed)) {
+                    Some(again) => Err(Retry::new(again, exchange, failure)),
+                    None => Ok(up.reject(failure, uri.path(), &method, exchange)),
+                };
             }
             Some(Ok(Ok(r))) => r,
         };
-        if let Some((timeout, rung)) =
-            self.keep_alive
-                .learn(up.target.authority(), response.headers(), POOL_IDLE_TIMEOUT)
+        if let Some((timeout, limit)) = self
+            .keep_alive
+            .learn(up.target.authority(), response.headers())
         {
-            let idle = rung.map_or(POOL_IDLE_TIMEOUT, |r| RUNGS[r]);
             tracing::info!(
                 "target" = up.target.address(),
                 keep_alive_timeout = ?timeout,
-                pool_idle_timeout = ?idle,
+                pool_idle_timeout = ?limit.min(up.pools.settings().idle_timeout),
                 "Target announced its keep-alive timeout"
             );
         }
@@ -358,7 +406,7 @@ impl Forwarder {
                 .as_ref()
                 .zip(switched_to)
                 .is_some_and(|(asked, got)| asked.as_bytes().eq_ignore_ascii_case(got.as_bytes()));
-            return match client_upgrade.filter(|_| agreed) {
+            return Ok(match client_upgrade.filter(|_| agreed) {
                 Some(client_upgrade) => splice_upgrade(response, client_upgrade, exchange),
                 None => {
                     let failed = Rejection::TargetFailed {
@@ -368,7 +416,7 @@ impl Forwarder {
                     };
                     up.reject(failed, uri.path(), &method, exchange)
                 }
-            };
+            });
         }
         headers::remove_hop_by_hop(response.headers_mut());
         up.cookies
@@ -382,13 +430,13 @@ impl Forwarder {
                         Ok(b) => b,
                         Err(_) => {
                             let late = Rejection::DeadlineExceeded;
-                            return up.reject(late, uri.path(), &method, exchange);
+                            return Ok(up.reject(late, uri.path(), &method, exchange));
                         }
                     }
                 }
                 None => buffer_response(incoming, opts).await,
             };
-            return match buffered {
+            return Ok(match buffered {
                 Ok(body) => {
                     // A HEAD, 204 or 304 answer has no body to measure: its length, if
                     // any, stays the app's.
@@ -425,42 +473,39 @@ impl Forwarder {
                     };
                     up.reject(rejection, uri.path(), &method, exchange)
                 }
-            };
+            });
         }
         // The deadline keeps running over the body, unless it is an event stream.
         let deadline = up.deadline.filter(|_| !is_event_stream(response.headers()));
-        finish(
+        Ok(finish(
             response.map(|b| match deadline {
                 Some(d) => ResponseBody::stream(b).with_deadline(d),
                 None => ResponseBody::stream(b),
             }),
             exchange,
-        )
+        ))
     }
 }
 
-fn pooled(connector: &HttpConnector, idle: Duration) -> UpstreamClient {
-    pool::Pool::new(
-        TrackingConnector::new(connector.clone()),
-        idle,
-        POOL_MAX_IDLE,
-    )
+/// An attempt that failed in a way that allows another (see [`retry::may_try_elsewhere`]):
+/// nothing was sent to the client.
+pub struct Retry {
+    /// The request again, as the client sent it, for the next attempt.
+    pub request: Request<RequestBody>,
+    /// The request's exchange, released from the target that failed.
+    pub exchange: Exchange,
+    /// What the client gets when there is no next attempt.
+    pub failure: Rejection,
 }
 
-/// The client a request goes through: two types, for an untracked fresh connection needs
-/// no [`retry`] evidence (it is never reused).
-#[derive(Clone, Copy)]
-enum Pool<'a> {
-    Pooled(&'a UpstreamClient),
-    Fresh(&'a FreshClient),
-}
-
-impl Pool<'_> {
-    async fn request(self, req: Request<RequestBody>) -> Result<Response<Incoming>, BoxError> {
-        match self {
-            Pool::Pooled(c) => c.send(req).await.map_err(|e: UpstreamError| e.into()),
-            Pool::Fresh(c) => c.request(req).await.map_err(Into::into),
-        }
+impl Retry {
+    fn new(again: Replay, mut exchange: Exchange, failure: Rejection) -> Box<Retry> {
+        exchange.target = None;
+        Box::new(Retry {
+            request: again.into_request(RequestBody::empty()),
+            exchange,
+            failure,
+        })
     }
 }
 

@@ -1,17 +1,11 @@
 //! Honouring an app's `Keep-Alive: timeout=N` (issue 10 §2): its idle connections leave our
 //! pool before the app closes them, so a request is never written into a closing socket.
 //!
-//! Why per host and not per connection: the pool's one knob ([`super::pool`]) is the idle
-//! timeout, checked against the time a connection went idle each time one is taken from
-//! the pool, which keeps the pool's take and return to a push and a pop. A per-connection
-//! deadline would need a timer per idle connection. So an app that announces a timeout
-//! has its requests sent through a pool whose idle timeout is below it. Pools are
-//! rungs of a short ladder, so a handful of them serve any number of apps; a rung below
-//! the announced timeout only costs an earlier reconnect. An app announces the same value on
-//! every keep-alive response (Node: 5 s, Apache: 5 s), so the first response teaches it.
-//!
-//! What a host announced is kept until it announces something else; the idle connections
-//! it had in the pool it left are never taken again and close with the app's timeout.
+//! What a host announced is remembered per host, and every pool that takes an idle
+//! connection to that host checks it against the shorter of the announced limit and its
+//! own `--target-idle-conn-timeout`. An app announces the same value on every keep-alive
+//! response (Node: 5 s, Apache: 5 s), so the first response teaches it; what a host
+//! announced is kept until it announces something else.
 
 use arc_swap::ArcSwap;
 use http::uri::Authority;
@@ -19,20 +13,6 @@ use http::{HeaderMap, HeaderName};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The pool idle timeouts a host can be moved to, shortest first. Rung 0 means "never
-/// reuse" (`timeout=0`, or a second that leaves no margin).
-pub(crate) const RUNGS: [Duration; 9] = [
-    Duration::ZERO,
-    Duration::from_millis(500),
-    Duration::from_secs(1),
-    Duration::from_secs(2),
-    Duration::from_secs(4),
-    Duration::from_secs(8),
-    Duration::from_secs(15),
-    Duration::from_secs(30),
-    Duration::from_secs(60),
-];
 
 /// Hosts remembered at most; past it the table starts again (each host re-teaches its
 /// timeout with its next response).
@@ -53,71 +33,60 @@ pub(crate) fn announced_timeout(headers: &HeaderMap) -> Option<Duration> {
     })
 }
 
-/// The rung for an announced timeout: the longest idle time that ends a second before the
-/// app's own (half of it below two seconds), which covers the lag between the app
-/// finishing its answer and the connection entering our pool. `None`: the timeout is no
-/// shorter than `default` and the shared pool already honours it.
-pub(crate) fn rung_for(timeout: Duration, default: Duration) -> Option<usize> {
-    let limit = timeout
+/// How long a connection to an app that announced `timeout` may idle in our pool: a
+/// second less (half of it below two seconds), which covers the lag between the app
+/// finishing its answer and the connection entering our pool. Zero: never reuse one.
+pub(crate) fn idle_limit(timeout: Duration) -> Duration {
+    timeout
         .saturating_sub(Duration::from_secs(1))
-        .max(timeout / 2);
-    if limit >= default {
-        return None;
-    }
-    RUNGS.iter().rposition(|r| *r <= limit)
+        .max(timeout / 2)
 }
 
-/// Which hosts announced a timeout, and their rung. Read on every request (one atomic
-/// load; a hash lookup once any host is in it), written only when a host announces a new
-/// value.
+/// Which hosts announced a timeout, and the idle limit it calls for. Read on every
+/// request (one atomic load; a hash lookup once any host is in it), written only when a
+/// host announces a new value.
 #[derive(Default)]
 pub(crate) struct Hosts {
-    rungs: ArcSwap<HashMap<Authority, usize>>,
+    limits: ArcSwap<HashMap<Authority, Duration>>,
 }
 
 impl Hosts {
-    pub(crate) fn rung(&self, host: &Authority) -> Option<usize> {
-        let rungs = self.rungs.load();
-        if rungs.is_empty() {
+    pub(crate) fn limit(&self, host: &Authority) -> Option<Duration> {
+        let limits = self.limits.load();
+        if limits.is_empty() {
             return None;
         }
-        rungs.get(host).copied()
+        limits.get(host).copied()
     }
 
-    /// Records the rung a response's `Keep-Alive` header calls for; returns it when it is
-    /// news (the caller logs it).
+    /// Records the limit a response's `Keep-Alive` header calls for; returns the
+    /// announced timeout and the limit when they are news (the caller logs them).
     pub(crate) fn learn(
         &self,
         host: &Authority,
         headers: &HeaderMap,
-        default: Duration,
-    ) -> Option<(Duration, Option<usize>)> {
+    ) -> Option<(Duration, Duration)> {
         let timeout = announced_timeout(headers)?;
-        let rung = rung_for(timeout, default);
-        if self.rung(host) == rung {
+        let limit = idle_limit(timeout);
+        if self.limit(host) == Some(limit) {
             return None;
         }
-        self.rungs.rcu(|rungs| {
-            let mut rungs = if rungs.len() >= MAX_HOSTS {
+        self.limits.rcu(|limits| {
+            let mut limits = if limits.len() >= MAX_HOSTS {
                 HashMap::new()
             } else {
-                HashMap::clone(rungs)
+                HashMap::clone(limits)
             };
-            match rung {
-                Some(r) => rungs.insert(host.clone(), r),
-                None => rungs.remove(host),
-            };
-            Arc::new(rungs)
+            limits.insert(host.clone(), limit);
+            Arc::new(limits)
         });
-        Some((timeout, rung))
+        Some((timeout, limit))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const DEFAULT: Duration = Duration::from_secs(90);
 
     fn keep_alive(v: &'static str) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -146,23 +115,19 @@ mod tests {
     }
 
     #[test]
-    fn the_rung_ends_before_the_apps_timeout() {
+    fn the_limit_ends_before_the_apps_timeout() {
         let secs = Duration::from_secs;
         for (timeout, want) in [
-            (secs(0), Some(Duration::ZERO)),
-            (secs(1), Some(Duration::from_millis(500))),
-            (secs(2), Some(secs(1))),
-            (secs(5), Some(secs(4))), // Node's default
-            (secs(15), Some(secs(8))),
-            (secs(65), Some(secs(60))),
-            (secs(91), None),
-            (secs(3600), None),
+            (secs(0), Duration::ZERO),
+            (secs(1), Duration::from_millis(500)),
+            (secs(2), secs(1)),
+            (secs(5), secs(4)), // Node's default
+            (secs(15), secs(14)),
+            (secs(3600), secs(3599)),
         ] {
-            let rung = rung_for(timeout, DEFAULT);
-            assert_eq!(rung.map(|r| RUNGS[r]), want, "timeout={timeout:?}");
-            if let Some(r) = rung {
-                assert!(RUNGS[r] < timeout || timeout.is_zero());
-            }
+            let limit = idle_limit(timeout);
+            assert_eq!(limit, want, "timeout={timeout:?}");
+            assert!(limit < timeout || timeout.is_zero());
         }
     }
 
@@ -197,22 +162,15 @@ mod tests {
         }
 
         #[test]
-        fn the_rung_is_the_longest_that_ends_before_the_apps_timeout(ms in 0u64..200_000) {
+        fn the_limit_ends_a_second_before_the_apps_timeout(ms in 0u64..200_000_000) {
             let timeout = Duration::from_millis(ms);
-            match rung_for(timeout, DEFAULT) {
-                None => proptest::prop_assert!(
-                    timeout.saturating_sub(Duration::from_secs(1)).max(timeout / 2) >= DEFAULT
-                ),
-                Some(r) => {
-                    // Below the app's timeout (rung 0, "never reuse", always is), and the
-                    // next rung up would not leave the margin.
-                    proptest::prop_assert!(RUNGS[r] < timeout || r == 0);
-                    let limit = timeout.saturating_sub(Duration::from_secs(1)).max(timeout / 2);
-                    proptest::prop_assert!(RUNGS[r] <= limit);
-                    if let Some(next) = RUNGS.get(r + 1) {
-                        proptest::prop_assert!(*next > limit);
-                    }
-                }
+            let limit = idle_limit(timeout);
+            // Below the app's timeout (zero, "never reuse", always is), by a second, or by
+            // half of it when it is shorter than two.
+            proptest::prop_assert!(limit < timeout || limit.is_zero());
+            proptest::prop_assert!(limit >= timeout / 2);
+            if timeout >= Duration::from_secs(2) {
+                proptest::prop_assert_eq!(limit, timeout - Duration::from_secs(1));
             }
         }
     }
@@ -222,25 +180,23 @@ mod tests {
         let hosts = Hosts::default();
         let a: Authority = "127.0.0.1:3000".parse().unwrap();
         let b: Authority = "127.0.0.1:3001".parse().unwrap();
-        assert_eq!(hosts.rung(&a), None);
-        assert_eq!(hosts.learn(&a, &HeaderMap::new(), DEFAULT), None);
+        assert_eq!(hosts.limit(&a), None);
+        assert_eq!(hosts.learn(&a, &HeaderMap::new()), None);
 
-        let learned = hosts.learn(&a, &keep_alive("timeout=5"), DEFAULT);
-        assert_eq!(learned, Some((Duration::from_secs(5), Some(4))));
+        let learned = hosts.learn(&a, &keep_alive("timeout=5"));
         assert_eq!(
-            hosts.rung(&a).map(|r| RUNGS[r]),
-            Some(Duration::from_secs(4))
+            learned,
+            Some((Duration::from_secs(5), Duration::from_secs(4)))
         );
-        assert_eq!(hosts.rung(&b), None);
+        assert_eq!(hosts.limit(&a), Some(Duration::from_secs(4)));
+        assert_eq!(hosts.limit(&b), None);
         // The same announcement again is no news.
-        assert_eq!(
-            hosts.learn(&a, &keep_alive("timeout=5, max=99"), DEFAULT),
-            None
-        );
+        assert_eq!(hosts.learn(&a, &keep_alive("timeout=5, max=99")), None);
 
-        // A longer timeout than the shared pool's: back to the shared pool.
-        let learned = hosts.learn(&a, &keep_alive("timeout=300"), DEFAULT);
-        assert_eq!(learned, Some((Duration::from_secs(300), None)));
-        assert_eq!(hosts.rung(&a), None);
+        let learned = hosts.learn(&a, &keep_alive("timeout=300"));
+        assert_eq!(
+            learned,
+            Some((Duration::from_secs(300), Duration::from_secs(299)))
+        );
     }
 }

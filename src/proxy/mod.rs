@@ -9,8 +9,9 @@ pub mod forward;
 pub mod headers;
 mod keep_alive;
 pub mod pages;
-mod pool;
+pub mod pool;
 pub mod rejection;
 mod retry;
 
-pub use forward::{Forwarder, ResponseCookies, UpstreamRequest};
+pub use forward::{Forwarder, ResponseCookies, Retry, UpstreamRequest};
+pub use pool::Pools;

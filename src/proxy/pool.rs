@@ -1,14 +1,23 @@
-//! The pool of keep-alive connections to targets, over hyper's own HTTP/1 client
-//! connections.
+//! The connections to one service's targets, over hyper's own HTTP/1 client connections.
 //!
 //! hyper-util's pooled client cost about 8,000 instructions per request on top of hyper's
 //! connection itself (bench/README.md): a pool key cloned and hashed byte by byte with
 //! SipHash, a race between the pool and a lazily built connect future, large futures
 //! moved between layers, and a task spawned to return a connection whose body is still
 //! streaming. This pool does what the proxy needs and no more: HTTP/1.1 only (targets
-//! speak nothing else here), a short list of idle connections per target under a mutex
-//! held for a push or a pop, the idle timeout checked when a connection is taken, and at
-//! most [`Pool::max_idle`] idle connections per target in total.
+//! speak nothing else here), and per target a short list of idle connections under a
+//! mutex of its own, held for a push or a pop.
+//!
+//! Each service has its own [`Pools`], built from its deploy's pool flags (fork F19), and
+//! in it each target a [`TargetPool`]:
+//! - `--target-max-conns` is a semaphore whose permits the connections hold for their
+//!   whole life (connecting, busy and idle, as Go's `MaxConnsPerHost`); a request over it
+//!   waits for an idle connection or a free permit, whichever comes first. One limit per
+//!   target, whatever the path timeout or the worker thread.
+//! - `--target-max-idle-conns` idle connections at most; past it a connection closes.
+//! - `--target-idle-conn-timeout`: an idle connection is not taken past it, and a reaper
+//!   (one task per target, only while it has idle connections) closes it.
+//! - `--target-dial-timeout` bounds connecting (name resolution included).
 //!
 //! Kept from hyper-util: a request refused by a reused connection before any of it was
 //! written goes again on another connection (its `retry_canceled_requests`); the
@@ -17,63 +26,89 @@
 //! spawned wait when the body is still streaming. Errors read as hyper-util's did
 //! (`client error (Connect)`, `client error (SendRequest)`), so log lines are unchanged.
 
+use arc_swap::ArcSwap;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Request, Response, Uri, header};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::client::legacy::connect::HttpConnector;
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 
 use super::body::RequestBody;
 use super::retry::TrackingConnector;
+use crate::options::upstream::PoolSettings;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
+type ByTarget = HashMap<Authority, Arc<TargetPool>, BuildHasherDefault<Fnv>>;
 
-/// Keep-alive connections to targets, by target address.
-#[derive(Clone)]
-pub(crate) struct Pool {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
+/// One service's connections to its targets, by target address.
+pub struct Pools {
+    settings: PoolSettings,
     connector: TrackingConnector,
-    /// A connection idle longer than this is not reused (the app may be closing it).
-    idle_timeout: Duration,
-    max_idle: usize,
-    idle: Mutex<HashMap<Authority, Vec<Idle>, BuildHasherDefault<Fnv>>>,
+    /// Read on every request (one atomic load and a lookup); written once per target.
+    targets: ArcSwap<ByTarget>,
 }
 
-struct Idle {
-    sender: SendRequest<RequestBody>,
-    since: Instant,
+/// Whether a request's connection may be reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reuse {
+    /// An idle connection younger than this, else a new one that goes back to the pool.
+    Pooled(Duration),
+    /// A new connection, closed after the exchange.
+    Fresh,
+    /// A new connection that may switch protocols (a WebSocket): it leaves the pool's
+    /// count once it has (as a hijacked connection leaves Go's).
+    Upgrade,
 }
 
-impl Pool {
-    pub(crate) fn new(
-        connector: TrackingConnector,
-        idle_timeout: Duration,
-        max_idle: usize,
-    ) -> Self {
-        Pool {
-            inner: Arc::new(Inner {
-                connector,
-                idle_timeout,
-                max_idle,
-                idle: Mutex::default(),
-            }),
+impl Pools {
+    pub fn new(settings: PoolSettings) -> Pools {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Pools {
+            settings,
+            connector: TrackingConnector::new(connector),
+            targets: ArcSwap::default(),
         }
     }
 
-    /// Sends `req` (its URI absolute: the target's address is its authority) on an idle
-    /// connection to that target, or a new one.
+    /// The pools of a redeployed service: the same settings keep the targets that still
+    /// hold connections, so a connection limit spans the deploy (in-flight requests to
+    /// a target that stays count against the same limit) and warm connections are kept.
+    pub fn succeed(old: &Pools, settings: PoolSettings) -> Pools {
+        let new = Pools::new(settings);
+        if old.settings == settings {
+            let kept: ByTarget = old
+                .targets
+                .load()
+                .iter()
+                .filter(|(_, t)| t.open.load(Ordering::Acquire) > 0)
+                .map(|(a, t)| (a.clone(), t.clone()))
+                .collect();
+            new.targets.store(Arc::new(kept));
+        }
+        new
+    }
+
+    pub fn settings(&self) -> &PoolSettings {
+        &self.settings
+    }
+
+    /// Sends `req` (its URI absolute: the target's address is its authority). `checked_out`
+    /// is dropped once the request has a connection (its wait for one is over).
     pub(crate) async fn send(
         &self,
         mut req: Request<RequestBody>,
+        reuse: Reuse,
+        checked_out: Option<oneshot::Sender<()>>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let Some(host) = req.uri().authority().cloned() else {
             return Err(UpstreamError::new(
@@ -93,14 +128,16 @@ impl Pool {
             .cloned()
             .map_or_else(|| Uri::from_static("/"), Uri::from);
         *req.uri_mut() = origin;
+        let target = self.target(&host);
+        let mut checked_out = checked_out;
         loop {
-            let (mut sender, reused) = match self.inner.take(&host) {
-                Some(sender) => (sender, true),
-                None => (self.connect(&host).await?, false),
-            };
+            let (mut sender, reused) = self.checkout(&target, &host, reuse).await?;
+            drop(checked_out.take());
             match sender.try_send_request(req).await {
                 Ok(response) => {
-                    self.inner.clone().give_back(host, sender);
+                    if matches!(reuse, Reuse::Pooled(_)) {
+                        target.clone().give_back(sender);
+                    }
                     return Ok(response);
                 }
                 Err(mut e) => match e.take_message() {
@@ -113,7 +150,85 @@ impl Pool {
         }
     }
 
-    async fn connect(&self, host: &Authority) -> Result<SendRequest<RequestBody>, UpstreamError> {
+    /// The pool of `host`, made on its first request.
+    fn target(&self, host: &Authority) -> Arc<TargetPool> {
+        if let Some(t) = self.targets.load().get(host) {
+            return t.clone();
+        }
+        let slots = self
+            .settings
+            .max_conns
+            .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS))));
+        let made = Arc::new(TargetPool {
+            idle: Mutex::default(),
+            slots,
+            returned: Notify::new(),
+            open: AtomicUsize::new(0),
+            settings: self.settings,
+        });
+        let map = self.targets.rcu(|map| {
+            if map.contains_key(host) {
+                return Arc::clone(map);
+            }
+            let mut map = ByTarget::clone(map);
+            map.insert(host.clone(), made.clone());
+            Arc::new(map)
+        });
+        // `rcu` returns the map it replaced: ours went in unless another request's did.
+        match map.get(host) {
+            Some(theirs) => theirs.clone(),
+            None => made,
+        }
+    }
+
+    /// A connection for the next request: an idle one when `reuse` allows, else a new
+    /// one once the target's connection limit has room. `true`: it was reused.
+    async fn checkout(
+        &self,
+        target: &Arc<TargetPool>,
+        host: &Authority,
+        reuse: Reuse,
+    ) -> Result<(SendRequest<RequestBody>, bool), UpstreamError> {
+        loop {
+            if let Reuse::Pooled(limit) = reuse {
+                if let Some(sender) = target.take(limit) {
+                    return Ok((sender, true));
+                }
+            }
+            let slot = match &target.slots {
+                None => None,
+                Some(slots) => match slots.clone().try_acquire_owned() {
+                    Ok(slot) => Some(slot),
+                    Err(_) => {
+                        tracing::debug!(
+                            "target" = %host,
+                            max_conns = ?self.settings.max_conns,
+                            "Waiting for a connection to the target"
+                        );
+                        // A connection coming back idle serves this request as well as a
+                        // new one would.
+                        let returned = target.returned.notified();
+                        tokio::select! {
+                            slot = slots.clone().acquire_owned() => slot.ok(),
+                            _ = returned => continue,
+                        }
+                    }
+                },
+            };
+            let sender = self
+                .connect(target, host, slot, reuse == Reuse::Upgrade)
+                .await?;
+            return Ok((sender, false));
+        }
+    }
+
+    async fn connect(
+        &self,
+        target: &Arc<TargetPool>,
+        host: &Authority,
+        slot: Option<OwnedSemaphorePermit>,
+        upgrades: bool,
+    ) -> Result<SendRequest<RequestBody>, UpstreamError> {
         let connect_error = |e: BoxError| UpstreamError::new("Connect", e);
         let dst = Uri::builder()
             .scheme(Scheme::HTTP)
@@ -121,31 +236,73 @@ impl Pool {
             .path_and_query("/")
             .build()
             .map_err(|e| connect_error(e.into()))?;
-        let mut connector = self.inner.connector.clone();
-        let io = tower_service::Service::call(&mut connector, dst)
-            .await
-            .map_err(connect_error)?;
+        let mut connector = self.connector.clone();
+        let connecting = tower_service::Service::call(&mut connector, dst);
+        let limit = self.settings.dial_timeout;
+        let io = match tokio::time::timeout(limit, connecting).await {
+            Ok(io) => io.map_err(connect_error)?,
+            Err(_) => return Err(connect_error(Box::new(DialTimeout(limit)))),
+        };
         let (sender, connection) = http1::Builder::new()
             .handshake(io)
             .await
             .map_err(|e| connect_error(e.into()))?;
+        target.open.fetch_add(1, Ordering::AcqRel);
+        let target = target.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            // The slot is the connection's until it closes (or is upgraded away).
+            let _slot = slot;
+            let ended = if upgrades {
+                connection.with_upgrades().await
+            } else {
+                connection.await
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "Upstream connection error");
             }
+            target.open.fetch_sub(1, Ordering::AcqRel);
         });
         Ok(sender)
     }
 }
 
-impl Inner {
-    /// The most recently used idle connection to `host` that can take a request.
-    fn take(&self, host: &Authority) -> Option<SendRequest<RequestBody>> {
+/// One target's connections within a service's [`Pools`].
+struct TargetPool {
+    idle: Mutex<IdleList>,
+    /// `--target-max-conns`: one permit per open connection.
+    slots: Option<Arc<Semaphore>>,
+    /// A connection went back to the idle list: a request waiting for a slot may take it.
+    returned: Notify,
+    /// Connections open (connecting excluded), for [`Pools::succeed`].
+    open: AtomicUsize,
+    settings: PoolSettings,
+}
+
+#[derive(Default)]
+struct IdleList {
+    conns: Vec<Idle>,
+    /// A task is closing connections idle past the timeout.
+    reaping: bool,
+}
+
+struct Idle {
+    sender: SendRequest<RequestBody>,
+    since: Instant,
+}
+
+impl TargetPool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, IdleList> {
+        // A list of connections holds no invariant a panic could break.
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recently used idle connection, idle for less than `limit`, that can take
+    /// a request.
+    fn take(&self, limit: Duration) -> Option<SendRequest<RequestBody>> {
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.get_mut(host)?;
-        while let Some(conn) = list.pop() {
-            if now.duration_since(conn.since) < self.idle_timeout
+        let mut idle = self.lock();
+        while let Some(conn) = idle.conns.pop() {
+            if now.duration_since(conn.since) < limit
                 && conn.sender.is_ready()
                 && !conn.sender.is_closed()
             {
@@ -158,26 +315,56 @@ impl Inner {
     /// Returns a connection to the pool once hyper can send on it again: now, when its
     /// response has been read in full already (the usual small answer), or when the
     /// streaming body has ended.
-    fn give_back(self: Arc<Self>, host: Authority, mut sender: SendRequest<RequestBody>) {
+    fn give_back(self: Arc<Self>, mut sender: SendRequest<RequestBody>) {
         if sender.is_ready() {
-            self.put(host, sender);
+            self.put(sender);
         } else if !sender.is_closed() {
             tokio::spawn(async move {
                 if sender.ready().await.is_ok() {
-                    self.put(host, sender);
+                    self.put(sender);
                 }
             });
         }
     }
 
-    fn put(&self, host: Authority, sender: SendRequest<RequestBody>) {
+    fn put(self: Arc<Self>, sender: SendRequest<RequestBody>) {
         let since = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.entry(host).or_default();
+        let mut idle = self.lock();
         // Past the limit the connection closes as the sender drops.
-        if list.len() < self.max_idle {
-            list.push(Idle { sender, since });
+        if idle.conns.len() >= self.settings.max_idle {
+            return;
         }
+        idle.conns.push(Idle { sender, since });
+        if !idle.reaping {
+            idle.reaping = true;
+            tokio::spawn(reap(Arc::downgrade(&self), self.settings.idle_timeout));
+        }
+        drop(idle);
+        self.returned.notify_one();
+    }
+}
+
+/// Closes connections idle for `timeout` (a dropped sender closes its connection), while
+/// the target has idle connections.
+async fn reap(target: Weak<TargetPool>, timeout: Duration) {
+    loop {
+        let next = {
+            let Some(target) = target.upgrade() else {
+                return;
+            };
+            let now = Instant::now();
+            let mut idle = target.lock();
+            idle.conns
+                .retain(|c| now.duration_since(c.since) < timeout && !c.sender.is_closed());
+            match idle.conns.iter().map(|c| c.since).min() {
+                Some(oldest) => oldest + timeout,
+                None => {
+                    idle.reaping = false;
+                    return;
+                }
+            }
+        };
+        tokio::time::sleep_until(next).await;
     }
 }
 
@@ -214,6 +401,48 @@ impl StdError for UpstreamError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         Some(&*self.source)
     }
+}
+
+/// `--target-dial-timeout` passed while connecting.
+#[derive(Debug)]
+pub(crate) struct DialTimeout(pub Duration);
+
+impl fmt::Display for DialTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dial timed out after {}",
+            crate::gotime::format_duration(self.0.as_nanos().try_into().unwrap_or(i64::MAX))
+        )
+    }
+}
+
+impl StdError for DialTimeout {}
+
+/// How connecting to the target failed, when that is what failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConnectFailure {
+    /// Refused, unreachable, reset while connecting, a name that does not resolve: no
+    /// byte of the request reached the target.
+    Failed,
+    /// `--target-dial-timeout` passed.
+    TimedOut(Duration),
+}
+
+/// Whether `err` (from [`Pools::send`]) is a failure to connect, and which.
+pub(crate) fn connect_failure(err: &(dyn StdError + 'static)) -> Option<ConnectFailure> {
+    let mut next = Some(err);
+    let mut connecting = false;
+    while let Some(e) = next {
+        if let Some(u) = e.downcast_ref::<UpstreamError>() {
+            connecting = u.kind == "Connect";
+        }
+        if let Some(t) = e.downcast_ref::<DialTimeout>() {
+            return Some(ConnectFailure::TimedOut(t.0));
+        }
+        next = e.source();
+    }
+    connecting.then_some(ConnectFailure::Failed)
 }
 
 /// FNV-1a: `Authority` hashes itself a byte at a time (case-folded), which costs SipHash
@@ -259,5 +488,35 @@ mod tests {
         let e = UpstreamError::new("Connect", "tcp connect error".into());
         assert_eq!(e.to_string(), "client error (Connect)");
         assert_eq!(e.source().unwrap().to_string(), "tcp connect error");
+        assert_eq!(connect_failure(&e), Some(ConnectFailure::Failed));
+        let t = UpstreamError::new("Connect", Box::new(DialTimeout(Duration::from_millis(200))));
+        assert_eq!(
+            t.source().unwrap().to_string(),
+            "dial timed out after 200ms"
+        );
+        assert_eq!(
+            connect_failure(&t),
+            Some(ConnectFailure::TimedOut(Duration::from_millis(200)))
+        );
+        let sent = UpstreamError::new("SendRequest", "connection reset".into());
+        assert_eq!(connect_failure(&sent), None);
+    }
+
+    #[tokio::test]
+    async fn a_target_pool_is_made_once_and_kept_only_while_it_has_connections() {
+        let pools = Pools::new(PoolSettings::default());
+        let a: Authority = "127.0.0.1:1".parse().unwrap();
+        let first = pools.target(&a);
+        assert!(Arc::ptr_eq(&first, &pools.target(&a)));
+        let next = Pools::succeed(&pools, PoolSettings::default());
+        assert!(next.targets.load().is_empty(), "no open connection to keep");
+        first.open.store(1, Ordering::Release);
+        let next = Pools::succeed(&pools, PoolSettings::default());
+        assert!(Arc::ptr_eq(&first, &next.target(&a)));
+        let other = PoolSettings {
+            keep_alive: false,
+            ..PoolSettings::default()
+        };
+        assert!(Pools::succeed(&pools, other).targets.load().is_empty());
     }
 }

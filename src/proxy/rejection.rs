@@ -59,6 +59,9 @@ pub enum Rejection {
     TargetTimeout,
     /// The target was drained away while the request waited for it (504).
     Drained,
+    /// `--target-dial-timeout` passed while connecting to the target (504, as Go's
+    /// transport reports a dial timeout).
+    DialTimedOut { target: Arc<str>, limit: Duration },
     /// The target could not be reached or broke the exchange (502). `detail` is for the
     /// log only.
     TargetFailed {
@@ -101,7 +104,8 @@ impl Rejection {
             Rejection::PauseExpired
             | Rejection::DeadlineExceeded
             | Rejection::TargetTimeout
-            | Rejection::Drained => StatusCode::GATEWAY_TIMEOUT,
+            | Rejection::Drained
+            | Rejection::DialTimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
             Rejection::TargetFailed { .. } => StatusCode::BAD_GATEWAY,
             Rejection::BadRequestBody { .. } | Rejection::BadRequest { .. } => {
                 StatusCode::BAD_REQUEST
@@ -131,6 +135,12 @@ impl Rejection {
             }
             Rejection::Drained => {
                 tracing::info!(service, path, "Request cancelled due to draining")
+            }
+            Rejection::DialTimedOut { target, limit } => {
+                let limit = crate::gotime::format_duration(
+                    i64::try_from(limit.as_nanos()).unwrap_or(i64::MAX),
+                );
+                tracing::warn!(service, "target" = %target, path, dial_timeout = %limit, "Timed out connecting to target")
             }
             Rejection::WakePage { .. } => {
                 tracing::info!(

@@ -1,9 +1,10 @@
-//! The one rule for re-sending a request whose upstream connection died under it (issue 10
-//! §2), and the connection wrapper that gathers the evidence the rule needs.
+//! The rules for sending a request again, and the connection wrapper that gathers the
+//! evidence the first one needs. Two rules, one place:
 //!
-//! The race it covers: an app closes an idle keep-alive connection (its own timeout, or right
-//! after answering) while we pick that connection from the pool and write the next request.
-//! The request meets a dead socket and would be a 502. Go's transport re-sends such a request
+//! **Always on: a pooled connection that died under a request (issue 10 §2).** An app closes
+//! an idle keep-alive connection (its own timeout, or right after answering) while we pick
+//! that connection from the pool and write the next request. The request meets a dead
+//! socket and would be a 502. Go's transport re-sends such a request
 //! (`persistConn.shouldRetryRequest`); so do we, with Go's rule:
 //!
 //! - only when the connection had carried an exchange before (a fresh connection that dies
@@ -12,10 +13,20 @@
 //!   OPTIONS or TRACE (or it carries an `Idempotency-Key`), without a body;
 //! - once, on a new connection that is never pooled.
 //!
+//! **With `--target-try-duration`: another attempt, perhaps on another target (fork F18).**
+//! A request that could not be handed to any target (none healthy) waits and tries again,
+//! whatever its method: nothing was sent. A request that was handed to a target goes again
+//! only when [`may_try_elsewhere`] says so: it is one of the fork's replayable requests
+//! (GET, HEAD, OPTIONS, TRACE, PUT or DELETE, without a body, not an upgrade) and the
+//! failure proves the target did not act on it (the connection could not be made:
+//! refused, unreachable, reset while connecting) or the target was drained away from
+//! under it. A timeout (connecting included), a reset after the request was written, an
+//! answer begun: never.
+//!
 //! A body we streamed is consumed as hyper writes it, so only bodiless requests are re-sent
-//! here. hyper-util itself re-sends a request (body included) that a pooled connection
-//! closed before hyper started writing it (`retry_canceled_requests`, on by default): that
-//! is the "nothing written" case it can see, and it never reaches us.
+//! by either rule. hyper-util itself re-sends a request (body included) that a pooled
+//! connection closed before hyper started writing it (`retry_canceled_requests`, on by
+//! default): that is the "nothing written" case it can see, and it never reaches us.
 //!
 //! hyper-util's error says neither whether the connection was reused nor whether the
 //! response had begun, so [`Tracked`] watches the bytes: when a reused connection fails
@@ -57,6 +68,25 @@ fn replayable(method: &Method, idempotency_key: bool) -> bool {
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
     ) || idempotency_key
+}
+
+/// Fork F18: whether a request may go again, to whichever target the load balancer picks
+/// next, after an attempt that failed in a way that allows it (its connection could not
+/// be made, or a drain gave up on it before the answer). `bodiless`: it had no body (a
+/// known length of zero); `upgrade`: it asks to switch protocols (its client connection
+/// cannot be handed over twice).
+pub(crate) fn may_try_elsewhere(method: &Method, bodiless: bool, upgrade: bool) -> bool {
+    bodiless
+        && !upgrade
+        && matches!(
+            *method,
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::TRACE
+                | Method::PUT
+                | Method::DELETE
+        )
 }
 
 /// Go's idempotency headers.
@@ -403,6 +433,27 @@ mod tests {
         for m in [Method::GET, Method::POST, Method::DELETE, Method::PATCH] {
             assert!(may_resend(false, &m, none, true), "{m}");
             assert!(!may_resend(false, &m, none, false), "{m} with a body");
+        }
+    }
+
+    #[test]
+    fn only_the_forks_replayable_requests_go_to_another_target() {
+        {
+            for m in [
+                Method::GET,
+                Method::HEAD,
+                Method::OPTIONS,
+                Method::TRACE,
+                Method::PUT,
+                Method::DELETE,
+            ] {
+                assert!(may_try_elsewhere(&m, true, false), "{m}");
+                assert!(!may_try_elsewhere(&m, false, false), "{m} with a body");
+            }
+            assert!(!may_try_elsewhere(&Method::GET, true, true), "an upgrade");
+            for m in [Method::POST, Method::PATCH, Method::CONNECT] {
+                assert!(!may_try_elsewhere(&m, true, false), "{m}");
+            }
         }
     }
 

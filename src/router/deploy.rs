@@ -116,6 +116,8 @@ impl Router {
             }
             let replaced = match services.get(&name) {
                 Some(existing) => {
+                    let mut config = config;
+                    config.succeed(&existing.config());
                     existing.set_config(config);
                     Some(existing.swap_active(lb))
                 }

@@ -496,6 +496,7 @@ fn access_record(
         resp_header_names: no_logged_headers(),
         resp_headers: Vec::new(),
         exclude_metrics: false,
+        retries: 0,
     }
 }
 

@@ -7,6 +7,7 @@ use http::{HeaderName, Method, Request, Response, header};
 use hyper::body::Incoming;
 use std::sync::Arc;
 
+mod attempts;
 pub mod gates;
 // The options moved to the top-level `options` module (a leaf every layer reads); this
 // path stays for code written against the old one.
@@ -14,17 +15,18 @@ pub use crate::options;
 pub mod pause;
 pub mod sleep;
 
+use crate::balancer::LoadBalancer;
 use crate::balancer::rollout::{ROLLOUT_COOKIE, RolloutSplit};
-use crate::balancer::{LoadBalancer, Pick};
-use crate::observe::access::{header_values, log_key};
+use crate::observe::access::{decoded_path, header_values, log_key};
 use crate::observe::metrics::ServiceMetrics;
+use crate::options::upstream::{PathTimeouts, RetryPolicy};
 use crate::options::{ServiceOptions, TargetOptions};
 use crate::proxy::body::ResponseBody;
-use crate::proxy::cookies::{SessionPin, has_live_writer_cookie, request_cookie};
+use crate::proxy::cookies::request_cookie;
 use crate::proxy::exchange::Exchange;
 use crate::proxy::pages::ErrorPages;
 use crate::proxy::rejection::{Refused, Rejection};
-use crate::proxy::{Forwarder, ResponseCookies, UpstreamRequest, headers};
+use crate::proxy::{Forwarder, Pools, headers};
 use gates::Gates;
 use pause::{PauseController, PauseOutcome};
 use sleep::{HealthAnswer, IdleController};
@@ -47,6 +49,40 @@ pub struct ServiceConfig {
     /// path-prefix service inherits from its host's root service; what is saved is what
     /// was deployed (Go refuses TLS on a path-prefix service when it reads the file back).
     pub deployed_tls: Option<(bool, bool)>,
+    /// The upstream leg (fork F18–F21), compiled from the options above.
+    pub upstream: UpstreamConfig,
+}
+
+/// The service's connections to its targets and the limits of each attempt.
+#[derive(Clone)]
+pub struct UpstreamConfig {
+    /// Shared by configs re-issued with inherited TLS settings, and carried over a
+    /// redeploy with the same pool flags ([`ServiceConfig::succeed`]).
+    pub pools: Arc<Pools>,
+    /// `--target-try-duration`; `None`: one attempt.
+    pub retry: Option<RetryPolicy>,
+    /// `--target-timeout` (`None` when 0: no limit, as Go's `ResponseHeaderTimeout`).
+    pub response_timeout: Option<std::time::Duration>,
+    /// `--path-timeout`.
+    pub path_timeouts: PathTimeouts,
+    /// `--path-request-timeout`.
+    pub path_request_timeouts: PathTimeouts,
+}
+
+impl UpstreamConfig {
+    fn build(options: &ServiceOptions, target: &TargetOptions) -> UpstreamConfig {
+        let up = &target.upstream;
+        UpstreamConfig {
+            pools: Arc::new(Pools::new(up.pool_settings())),
+            retry: options.retry.policy(),
+            response_timeout: target
+                .response_timeout
+                .is_positive()
+                .then(|| target.response_timeout.to_std()),
+            path_timeouts: PathTimeouts::compile(&up.path_timeouts),
+            path_request_timeouts: PathTimeouts::compile(&up.path_request_timeouts),
+        }
+    }
 }
 
 impl ServiceConfig {
@@ -89,7 +125,9 @@ impl ServiceConfig {
                 .map_err(|_| format!("invalid header name '{h}'"))?;
         }
         let gates = Gates::compile(name, &options)?;
+        let upstream = UpstreamConfig::build(&options, &target_options);
         Ok(ServiceConfig {
+            upstream,
             gates: Arc::new(gates),
             log_response_headers: Arc::new(target_options.log_response_headers.clone()),
             options,
@@ -99,6 +137,13 @@ impl ServiceConfig {
             tls: None,
             deployed_tls: None,
         })
+    }
+
+    /// A redeploy of the service that `old` configured: the same pool flags keep its
+    /// connections (and their limit) to the targets that stay.
+    pub fn succeed(&mut self, old: &ServiceConfig) {
+        let settings = *self.upstream.pools.settings();
+        self.upstream.pools = Arc::new(Pools::succeed(&old.upstream.pools, settings));
     }
 
     fn is_health_check(&self, method: &Method, routed_path: &str) -> bool {
@@ -308,79 +353,29 @@ impl Service {
             config.options.strip_prefix,
         )
         .unwrap_or_else(|| upstream_path_and_query(&uri, &routed));
-        let lb = self.pool_for(req.headers());
-        let read = is_read_request(&req, config.options.read_targets_accept_websockets);
-        // Writer affinity (upstream §4.4) matters only to a pool with readers: a client
-        // that wrote recently reads from a writer, and a write renews its cookie.
-        let affinity = lb.has_readers();
-        let to_reader = read && !(affinity && has_live_writer_cookie(req.headers()));
-        let writer_affinity =
-            (affinity && !read && config.options.writer_affinity_timeout.is_positive())
-                .then(|| config.options.writer_affinity_timeout.to_std());
-        // Upstream scopes cookie paths only under a stripped, non-root prefix.
-        let scope_cookies = (config.target_options.scope_cookie_paths
-            && config.options.strip_prefix
-            && prefix != "/")
-            .then_some(prefix);
-        // Session affinity (fork F17) inside the chosen pool, after the read/write split:
-        // a write, or a read kept on the writers, goes to the writer the client's cookie
-        // pins; weights and rotation choose only for a client without a live pin.
-        let session_cookie = config.options.session_cookie();
-        let picked = match session_cookie {
-            Some(name) => {
-                let pin = request_cookie(req.headers(), name);
-                // Just woken, its container still starting: wait for it, not re-pin.
-                if let Some((pinned, until)) = pin.and_then(|c| lb.starting_pin(to_reader, c)) {
-                    let until = deadline.map_or(until, |d| d.min(until));
-                    lb.wait_for_target(&pinned, until).await;
-                }
-                lb.select_pinned(to_reader, pin)
+        // `--path-timeout` goes by the path after rewrites, before the prefix is
+        // stripped (fork F20).
+        let response_timeout = {
+            let up = &config.upstream;
+            if up.path_timeouts.is_empty() {
+                up.response_timeout
+            } else {
+                let path = gates::rewrite::rewritten_path(&gates.rewrites, uri.path());
+                up.path_timeouts
+                    .for_path(&decoded_path(&path), up.response_timeout)
             }
-            None => lb.select(to_reader).map(|target| Pick {
-                target,
-                repin: false,
-            }),
         };
-        let Some(Pick { target, repin }) = picked else {
-            let at = Refused {
-                service: &self.name,
-                path: uri.path(),
-                method: req.method(),
-            };
-            return Rejection::NoHealthyTarget.respond(&at, pages, exchange);
-        };
-        let session_pin = session_cookie.filter(|_| repin).map(|name| SessionPin {
-            name,
-            value: target.pin(),
-            secure: conn.tls,
-        });
-        exchange.record().target = Some(target.shared_address());
-        exchange.target = Some(target.begin());
-
         if !config.options.client_ip_header.is_empty() {
             client_ip_header_to_forwarded_for(&mut req, &config.options.client_ip_header);
         }
-        let client_ip = crate::proxy::headers::IpText::new(conn.client.ip());
-        forwarder
-            .forward(
-                req,
-                UpstreamRequest {
-                    target: &target,
-                    path_and_query,
-                    options: &config.target_options,
-                    pages,
-                    client_ip: client_ip.as_str(),
-                    tls: conn.tls,
-                    deadline,
-                    service: &self.name,
-                    cookies: ResponseCookies {
-                        writer_affinity,
-                        scope_paths: scope_cookies,
-                        session_pin,
-                    },
-                },
-                exchange,
-            )
+        let req = req.map(|body| forwarder.client_body(body));
+        let placed = attempts::Placement {
+            path_and_query,
+            response_timeout,
+            deadline,
+            prefix,
+        };
+        self.forward_to_target(req, conn, &config, placed, exchange, forwarder)
             .await
     }
 }
@@ -398,8 +393,17 @@ impl Service {
         exchange: &mut Exchange,
     ) -> Result<Option<tokio::time::Instant>, Rejection> {
         let gates = &config.gates;
-        // Step 5: one deadline over everything below, holds included.
-        let deadline = gates::deadline::deadline_for(gates.request_timeout, req.headers());
+        // Step 5: one deadline over everything below, holds included; a
+        // `--path-request-timeout` goes by the path as the client sent it (fork F21).
+        let timeout = {
+            let paths = &config.upstream.path_request_timeouts;
+            if paths.is_empty() {
+                gates.request_timeout
+            } else {
+                paths.for_path(&decoded_path(req.uri().path()), gates.request_timeout)
+            }
+        };
+        let deadline = gates::deadline::deadline_for(timeout, req.headers());
 
         // Step 6: allow list, TLS mismatch, redirects, rate limit, basic auth.
         gates.check(&self.name, req, conn, &config.options, is_health_check)?;
@@ -543,7 +547,7 @@ fn upstream_path_and_query(uri: &http::Uri, routed: &str) -> PathAndQuery {
     PathAndQuery::try_from(s).unwrap_or_else(|_| PathAndQuery::from_static("/"))
 }
 
-fn is_read_request(req: &Request<Incoming>, websockets_to_readers: bool) -> bool {
+fn is_read_request<B>(req: &Request<B>, websockets_to_readers: bool) -> bool {
     let m = req.method();
     (m == Method::GET || m == Method::HEAD)
         && (websockets_to_readers || !headers::is_websocket(req.headers()))

@@ -423,6 +423,11 @@ impl KamalHost {
         App { name, id }
     }
 
+    /// Removes the container `name` (one the test started beside Kamal's) with the rest.
+    pub fn remove_on_drop(&self, name: &str) {
+        self.apps.lock().unwrap().push(name.to_owned());
+    }
+
     /// Kamal's stop of an old container after `deploy` returned (no `-t`: the proxy
     /// drained it already).
     pub fn stop_app(&self, app: &App) {

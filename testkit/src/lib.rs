@@ -7,9 +7,11 @@
 
 pub mod backend;
 pub mod docker;
+pub mod flaky;
 pub mod go_state;
 mod http;
 pub mod kamal;
+pub mod load;
 pub mod pebble;
 mod poll;
 mod ports;

@@ -16,6 +16,7 @@ mod hosts;
 mod rules;
 mod state;
 mod targets;
+mod timeouts;
 
 /// Few cases for properties that compile regexes or build services (slow in debug).
 pub const FEW: u32 = 64;

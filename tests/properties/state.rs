@@ -6,6 +6,7 @@ use kamal_proxy::balancer::health::HealthCheckConfig;
 use kamal_proxy::balancer::rollout::RolloutSplit;
 use kamal_proxy::balancer::target::validate_target;
 use kamal_proxy::gotime::GoDuration;
+use kamal_proxy::options::upstream::{PathTimeout, RetryOptions, UpstreamOptions};
 use kamal_proxy::options::{ServiceOptions, TargetOptions, normalize_prefix};
 use kamal_proxy::router::state::{self, ServiceState};
 use kamal_proxy::service::ServiceConfig;
@@ -145,6 +146,11 @@ pub fn service_options() -> impl Strategy<Value = ServiceOptions> {
                 // Reused generated values, as above.
                 session_affinity: redirect,
                 session_affinity_cookie: ip_header.clone(),
+                // The upstream keys reuse generated values too.
+                retry: RetryOptions {
+                    target_try_duration: request_timeout,
+                    target_try_interval: affinity,
+                },
             };
             o.normalize();
             o
@@ -178,12 +184,32 @@ pub fn target_options() -> impl Strategy<Value = TargetOptions> {
                 max_memory_buffer_size: mem,
                 max_request_body_size: req,
                 max_response_body_size: resp,
-                log_request_headers: logq,
-                log_response_headers: logr,
+                log_request_headers: logq.clone(),
+                log_response_headers: logr.clone(),
                 forward_headers: fwd,
                 scope_cookie_paths: scope,
+                upstream: UpstreamOptions {
+                    max_conns: mem,
+                    max_idle_conns: req,
+                    idle_conn_timeout: interval,
+                    dial_timeout: timeout,
+                    disable_keep_alives: scope,
+                    path_timeouts: path_timeouts(&logq, response),
+                    path_request_timeouts: path_timeouts(&logr, interval),
+                },
             },
         )
+}
+
+/// Stored path timeouts: any prefix text, any duration (the file is not re-validated).
+fn path_timeouts(prefixes: &[String], timeout: GoDuration) -> Vec<PathTimeout> {
+    prefixes
+        .iter()
+        .map(|p| PathTimeout {
+            path_prefix: p.clone(),
+            timeout,
+        })
+        .collect()
 }
 
 fn rollout_controller() -> impl Strategy<Value = Option<RolloutSplit>> {

@@ -30,6 +30,19 @@ pub fn rewrite(
     PathAndQuery::try_from(s).ok()
 }
 
+/// The path after the first matching rule, before `--strip-path-prefix` (what
+/// `--path-timeout` is matched against, as the fork's handler sees it): the raw path
+/// itself when no rule matches.
+pub fn rewritten_path<'a>(rules: &RuleSet, path: &'a str) -> std::borrow::Cow<'a, str> {
+    if rules.is_empty() {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    match rules.apply(&decoded_path(path)) {
+        Some(expanded) => std::borrow::Cow::Owned(encode_path(&expanded.path)),
+        None => std::borrow::Cow::Borrowed(path),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::rules::Kind;
