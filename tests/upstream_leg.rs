@@ -617,3 +617,54 @@ async fn deploy_help_documents_every_flag_with_its_default() {
         assert!(entry.contains(default), "{flag}: {entry}");
     }
 }
+
+/// A connection that carried a head over 16 KiB leaves the pool after its exchange (hyper
+/// keeps its buffers at that size for as long as it idles: the memory a burst of such
+/// requests held, `bench/rss_bursts.sh`); ordinary heads keep reusing one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_that_carried_a_large_head_is_not_kept_idle() {
+    let app = FlakyBackend::start().await;
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &app.target(), &[]).await;
+    for i in 0..3 {
+        let seq = format!("small{i}");
+        assert_eq!(
+            request(&proxy, reqwest::Method::GET, "/a", &seq).await.0,
+            200
+        );
+    }
+    assert_eq!(
+        app.app_connections(),
+        1,
+        "ordinary heads share one connection"
+    );
+
+    let large = client()
+        .get(proxy.url("/large"))
+        .header("x-seq", "large")
+        .header("x-pad", "x".repeat(20 * 1024))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(large.status(), 200);
+    // It went on the pooled connection, which then closed: the next request needs a new one,
+    // and the one after reuses that.
+    for i in 0..3 {
+        let seq = format!("after{i}");
+        assert_eq!(
+            request(&proxy, reqwest::Method::GET, "/b", &seq).await.0,
+            200
+        );
+    }
+    let conns: Vec<(String, usize)> = app
+        .requests()
+        .into_iter()
+        .map(|r| (r.path, r.conn))
+        .collect();
+    assert_eq!(app.app_connections(), 2, "{conns:?}");
+    assert_eq!(conns[3], ("/large".to_owned(), conns[0].1), "{conns:?}");
+    assert!(
+        conns[4..].iter().all(|(_, c)| *c != conns[0].1),
+        "{conns:?}"
+    );
+}
