@@ -18,6 +18,8 @@ pub const DEFAULT_WRITER_AFFINITY_TIMEOUT: GoDuration = GoDuration::from_secs(1)
 pub const DEFAULT_TARGET_TIMEOUT: GoDuration = GoDuration::from_secs(30);
 pub const DEFAULT_MAX_MEMORY_BUFFER_SIZE: i64 = 1 << 20;
 pub const DEFAULT_WAKE_TIMEOUT: GoDuration = GoDuration::from_secs(30);
+/// The fork's session affinity cookie (F17).
+pub const DEFAULT_SESSION_AFFINITY_COOKIE: &str = "kamal-session";
 
 /// Go's `nil` slices are written as `null`; accept both.
 fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -69,6 +71,12 @@ pub struct ServiceOptions {
     #[serde(deserialize_with = "null_as_empty", serialize_with = "empty_as_null")]
     pub exclude_metrics_paths: Vec<String>,
     pub client_ip_header: String,
+    /// Cookie session affinity (fork F17): each client pinned to one writer; the cookie's
+    /// name (empty: [`DEFAULT_SESSION_AFFINITY_COOKIE`]). Omitted when unset.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub session_affinity: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub session_affinity_cookie: String,
     /// Scale-to-zero (fork keys): omitted when unset so upstream files stay recognisable.
     #[serde(skip_serializing_if = "is_zero")]
     pub sleep_after: GoDuration,
@@ -154,6 +162,8 @@ impl Default for ServiceOptions {
             read_targets_accept_websockets: false,
             exclude_metrics_paths: Vec::new(),
             client_ip_header: String::new(),
+            session_affinity: false,
+            session_affinity_cookie: String::new(),
             sleep_after: GoDuration::ZERO,
             wake_timeout: GoDuration::ZERO,
             sleep_containers: Vec::new(),
@@ -306,6 +316,15 @@ impl ServiceOptions {
             acme_cache_path: &self.acme_cache_path,
             on_demand_url: &self.tls_on_demand_url,
         })
+    }
+
+    /// The session affinity cookie's name, when affinity is on.
+    pub fn session_cookie(&self) -> Option<&str> {
+        let name = match self.session_affinity_cookie.as_str() {
+            "" => DEFAULT_SESSION_AFFINITY_COOKIE,
+            name => name,
+        };
+        self.session_affinity.then_some(name)
     }
 
     /// Either tier is on: the service gets an idle controller.

@@ -485,6 +485,14 @@ fn the_go_decodability_check_can_fail() {
             .unwrap_err()
             .contains("would be read by Go")
     );
+    // The fork's weighted spec in upstream's list: Go refuses the file.
+    let mut go: Value = serde_json::from_str(GO_FIXTURE).unwrap();
+    go[0]["active_targets"] = json!(["4f2a9c1b7e3d:80;weight=5"]);
+    assert!(
+        check_go_decodable(&go)
+            .unwrap_err()
+            .contains("active_targets")
+    );
     let mut go: Value = serde_json::from_str(GO_FIXTURE).unwrap();
     go[2].as_object_mut().unwrap().remove("pause_controller");
     assert!(check_go_decodable(&go).unwrap_err().contains("missing"));

@@ -1,6 +1,7 @@
-//! Target syntax and container references.
+//! Target syntax (`host[:port]`, and `host[:port];weight=N`) and container references.
 #![no_main]
 
+use kamal_proxy::balancer::spec::TargetSpec;
 use kamal_proxy::balancer::target::{Target, container_ref, validate_target};
 use libfuzzer_sys::fuzz_target;
 
@@ -14,4 +15,17 @@ fuzz_target!(|text: &str| {
         Err(e) => assert_eq!(e, format!("{text} :invalid host pattern")),
     }
     let _ = container_ref(text);
+    // A spec that parses prints back to itself and builds a target; any other is one of
+    // the two messages.
+    match TargetSpec::parse(text) {
+        Ok(spec) => {
+            assert!((1..=1000).contains(&spec.weight));
+            assert_eq!(TargetSpec::parse(&spec.to_string()), Ok(spec.clone()));
+            Target::build(&spec, None).expect("a parsed spec constructs");
+        }
+        Err(e) => assert!(
+            e.starts_with("invalid target weight: ") || e.ends_with(" :invalid host pattern"),
+            "{e}"
+        ),
+    }
 });

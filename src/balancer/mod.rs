@@ -1,20 +1,27 @@
-//! A service's pool of targets: health checking, round-robin selection, readiness for
-//! deploys and wakes, draining, and suspension while the service sleeps.
+//! A service's pool of targets: health checking, selection (round robin, smooth weighted
+//! round robin, session pins), readiness for deploys and wakes, draining, and suspension
+//! while the service sleeps.
 
 use arc_swap::ArcSwap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+pub mod affinity;
 pub mod health;
 pub mod rollout;
+pub mod spec;
 pub mod target;
+pub mod weighted;
 
+use affinity::PinKey;
 use health::HealthCheckConfig;
 use health::ProbeClient;
+use spec::TargetSpec;
 pub use target::{Health, Target, TargetGuard};
+use weighted::Schedule;
 
 /// How fast to probe a target that has not answered yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,10 +45,23 @@ pub struct PoolStatus {
     pub serving: bool,
 }
 
+/// The targets that may be chosen now, rebuilt whenever one's health changes.
 #[derive(Default)]
 struct HealthySet {
     writers: Vec<Arc<Target>>,
     readers: Vec<Arc<Target>>,
+    /// Smooth weighted round robin over each list when its weights differ (fork F16);
+    /// `None`: plain round robin. Readers and writers are weighted apart.
+    writer_schedule: Option<Schedule>,
+    reader_schedule: Option<Schedule>,
+}
+
+/// A target chosen for a request.
+pub struct Pick {
+    pub target: Arc<Target>,
+    /// With session affinity: the client's cookie did not name this writer (none, a
+    /// stale pin, a pin of a target that left), so the response pins it afresh.
+    pub repin: bool,
 }
 
 pub struct LoadBalancer {
@@ -51,6 +71,13 @@ pub struct LoadBalancer {
     healthy: ArcSwap<HealthySet>,
     next_writer: AtomicUsize,
     next_reader: AtomicUsize,
+    /// The service's session affinity key, which made every target's pin; handed on to
+    /// the pools that replace this one.
+    pin_key: PinKey,
+    /// After a wake, until when a pinned request waits for its own target to come back
+    /// (nanoseconds since `created`; 0: no wake under way). See [`Self::starting_pin`].
+    pins_wait_until: AtomicU64,
+    created: tokio::time::Instant,
     health_config: HealthCheckConfig,
     status: watch::Sender<PoolStatus>,
     /// Serialises rebuilds of `healthy` so a slow rebuild cannot overwrite a newer one.
@@ -60,19 +87,22 @@ pub struct LoadBalancer {
 }
 
 impl LoadBalancer {
+    /// `pin_key` is the service's (see [`affinity`]): every target's pin is made with it.
     pub fn new(
         service: &str,
-        writers: &[String],
-        readers: &[String],
+        writers: &[TargetSpec],
+        readers: &[TargetSpec],
+        pin_key: PinKey,
         health_config: HealthCheckConfig,
         client: ProbeClient,
     ) -> Result<Arc<LoadBalancer>, String> {
-        let build = |addrs: &[String]| -> Result<Vec<Arc<Target>>, String> {
-            addrs
+        let build = |specs: &[TargetSpec]| -> Result<Vec<Arc<Target>>, String> {
+            specs
                 .iter()
-                .map(|a| {
-                    target::validate_target(a)?;
-                    Target::new(a)
+                .map(|s| {
+                    target::validate_target(&s.address)?;
+                    spec::check_weight(i64::from(s.weight))?;
+                    Target::build(s, Some(&pin_key))
                 })
                 .collect()
         };
@@ -83,6 +113,9 @@ impl LoadBalancer {
             healthy: ArcSwap::from_pointee(HealthySet::default()),
             next_writer: AtomicUsize::new(0),
             next_reader: AtomicUsize::new(0),
+            pin_key,
+            pins_wait_until: AtomicU64::new(0),
+            created: tokio::time::Instant::now(),
             health_config,
             status: watch::channel(PoolStatus::default()).0,
             rebuild: Mutex::new(()),
@@ -105,6 +138,19 @@ impl LoadBalancer {
             .collect()
     }
 
+    /// The writers with their weights, as deployed.
+    pub fn writer_specs(&self) -> Vec<TargetSpec> {
+        self.writers.iter().map(|t| t.spec()).collect()
+    }
+
+    pub fn reader_specs(&self) -> Vec<TargetSpec> {
+        self.readers.iter().map(|t| t.spec()).collect()
+    }
+
+    pub fn pin_key(&self) -> &PinKey {
+        &self.pin_key
+    }
+
     /// Read targets were deployed (healthy or not): writer affinity applies.
     pub fn has_readers(&self) -> bool {
         !self.readers.is_empty()
@@ -118,17 +164,70 @@ impl LoadBalancer {
         *self.status.borrow()
     }
 
-    /// Picks a target round-robin. A read request prefers a healthy reader (the caller
-    /// has already sent a client with a live writer cookie to the writers).
+    /// Picks a target: round robin, or smooth weighted round robin when weights differ.
+    /// A read request prefers a healthy reader (the caller has already sent a client with
+    /// a live writer cookie to the writers).
     pub fn select(&self, read_request: bool) -> Option<Arc<Target>> {
         let healthy = self.healthy.load();
         if read_request && !healthy.readers.is_empty() {
-            return Some(pick(&healthy.readers, &self.next_reader));
+            return Some(pick(
+                &healthy.readers,
+                healthy.reader_schedule.as_ref(),
+                &self.next_reader,
+            ));
         }
         if healthy.writers.is_empty() {
             return None;
         }
-        Some(pick(&healthy.writers, &self.next_writer))
+        Some(pick(
+            &healthy.writers,
+            healthy.writer_schedule.as_ref(),
+            &self.next_writer,
+        ))
+    }
+
+    /// [`Self::select`] with session affinity (fork F17): a request that goes to a writer
+    /// goes to the one its `cookie` pins while that writer is healthy; otherwise (no
+    /// cookie, a forged or stale one, a pinned target that left the pool or failed its
+    /// health check) to the rotation's pick, which the response then pins. Reads served by
+    /// a reader are never pinned.
+    pub fn select_pinned(&self, read_request: bool, cookie: Option<&str>) -> Option<Pick> {
+        let healthy = self.healthy.load();
+        if read_request && !healthy.readers.is_empty() {
+            let target = pick(
+                &healthy.readers,
+                healthy.reader_schedule.as_ref(),
+                &self.next_reader,
+            );
+            return Some(Pick {
+                target,
+                repin: false,
+            });
+        }
+        let pinned = cookie.filter(|c| !c.is_empty()).and_then(|c| {
+            healthy
+                .writers
+                .iter()
+                .find(|t| t.pin().as_bytes() == c.as_bytes())
+        });
+        if let Some(target) = pinned {
+            return Some(Pick {
+                target: target.clone(),
+                repin: false,
+            });
+        }
+        if healthy.writers.is_empty() {
+            return None;
+        }
+        let target = pick(
+            &healthy.writers,
+            healthy.writer_schedule.as_ref(),
+            &self.next_writer,
+        );
+        Some(Pick {
+            target,
+            repin: true,
+        })
     }
 
     /// Targets restored from the state file serve at once, as upstream does.
@@ -211,13 +310,55 @@ impl LoadBalancer {
         self.rebuild_healthy();
     }
 
-    /// Wake: every target must prove itself again, probed fast.
-    pub fn resume(self: &Arc<Self>) {
+    /// Wake: every target must prove itself again, probed fast. Until `wake_deadline` a
+    /// pinned client waits for its own target (see [`Self::starting_pin`]).
+    pub fn resume(self: &Arc<Self>, wake_deadline: tokio::time::Instant) {
+        let until = wake_deadline.saturating_duration_since(self.created);
+        self.pins_wait_until.store(
+            u64::try_from(until.as_nanos()).unwrap_or(u64::MAX).max(1),
+            Ordering::Release,
+        );
         for t in self.all_targets() {
             t.set_health(Health::Adding);
         }
         self.rebuild_healthy();
         self.start_health_checks(ProbeMode::Wake);
+    }
+
+    /// Session affinity across a wake: the wake is over as soon as one writer answers, so
+    /// without this every client pinned to another container would be re-pinned to the
+    /// first one up. A client whose pinned writer is still starting (unverified since the
+    /// wake) waits for it instead, until the wake's own deadline; returns that writer and
+    /// the deadline. A writer that failed later, or after the deadline, re-pins at once;
+    /// a read that a healthy reader serves waits for nothing.
+    pub fn starting_pin(
+        &self,
+        read_request: bool,
+        cookie: &str,
+    ) -> Option<(Arc<Target>, tokio::time::Instant)> {
+        let until = self.pins_wait_until.load(Ordering::Acquire);
+        if until == 0 || cookie.is_empty() {
+            return None;
+        }
+        let until = self.created + Duration::from_nanos(until);
+        if tokio::time::Instant::now() >= until
+            || (read_request && !self.healthy.load().readers.is_empty())
+        {
+            return None;
+        }
+        self.writers
+            .iter()
+            .find(|t| t.pin().as_bytes() == cookie.as_bytes() && t.health() == Health::Adding)
+            .map(|t| (t.clone(), until))
+    }
+
+    /// Waits until `target` is healthy, or `until`; whether it is.
+    pub async fn wait_for_target(&self, target: &Target, until: tokio::time::Instant) -> bool {
+        let mut rx = self.status.subscribe();
+        // Every health change rebuilds the healthy set and publishes a status, so each
+        // one is seen here.
+        let healthy = rx.wait_for(|_| target.health() == Health::Healthy);
+        matches!(tokio::time::timeout_at(until, healthy).await, Ok(Ok(_)))
     }
 
     pub async fn drain(&self, timeout: Duration) {
@@ -257,9 +398,18 @@ impl LoadBalancer {
                 .cloned()
                 .collect()
         };
+        // Weighted over the healthy targets only: a target that fails its check leaves
+        // the cycle, and the others share its requests in their own proportions.
+        let schedule = |ts: &[Arc<Target>]| {
+            Schedule::for_weights(&ts.iter().map(|t| t.weight()).collect::<Vec<_>>())
+        };
+        let writers = healthy(&self.writers);
+        let readers = healthy(&self.readers);
         let set = HealthySet {
-            writers: healthy(&self.writers),
-            readers: healthy(&self.readers),
+            writer_schedule: schedule(&writers),
+            reader_schedule: schedule(&readers),
+            writers,
+            readers,
         };
         let total = self.writers.len() + self.readers.len();
         let status = PoolStatus {
@@ -281,10 +431,19 @@ impl Drop for LoadBalancer {
     }
 }
 
-fn pick(targets: &[Arc<Target>], counter: &AtomicUsize) -> Arc<Target> {
-    // Pre-increment, as upstream: with N targets the first request goes to index 1.
-    let i = counter.fetch_add(1, Ordering::Relaxed).wrapping_add(1) % targets.len();
-    targets[i].clone()
+/// `targets` is not empty; `schedule` was computed for exactly these targets.
+fn pick(
+    targets: &[Arc<Target>],
+    schedule: Option<&Schedule>,
+    counter: &AtomicUsize,
+) -> Arc<Target> {
+    let n = counter.fetch_add(1, Ordering::Relaxed);
+    let i = match schedule {
+        Some(cycle) => cycle.pick(n),
+        // Pre-increment, as upstream: with N targets the first request goes to index 1.
+        None => n.wrapping_add(1) % targets.len(),
+    };
+    targets[i % targets.len()].clone()
 }
 
 async fn probe_loop(lb: Weak<LoadBalancer>, target: Arc<Target>, mode: ProbeMode, single: bool) {
@@ -328,17 +487,27 @@ async fn probe_loop(lb: Weak<LoadBalancer>, target: Arc<Target>, mode: ProbeMode
 mod tests {
     use super::*;
 
-    fn pool(writers: &[&str], readers: &[&str]) -> Arc<LoadBalancer> {
-        let w: Vec<String> = writers.iter().map(|s| s.to_string()).collect();
-        let r: Vec<String> = readers.iter().map(|s| s.to_string()).collect();
+    /// A pool of `host:port[;weight=N]` specs (also for the tests of `weighted` and
+    /// `affinity`, which exercise the pool's selection).
+    pub(super) fn pool(writers: &[&str], readers: &[&str]) -> Arc<LoadBalancer> {
+        let specs = |v: &[&str]| -> Vec<TargetSpec> {
+            v.iter().map(|s| TargetSpec::parse(s).unwrap()).collect()
+        };
         LoadBalancer::new(
             "app",
-            &w,
-            &r,
+            &specs(writers),
+            &specs(readers),
+            PinKey::generate().unwrap(),
             HealthCheckConfig::default(),
             health::probe_client(),
         )
         .unwrap()
+    }
+
+    pub(super) fn picks(lb: &LoadBalancer, read: bool, n: usize) -> Vec<String> {
+        (0..n)
+            .map(|_| lb.select(read).unwrap().address().to_string())
+            .collect()
     }
 
     #[tokio::test]
@@ -383,8 +552,12 @@ mod tests {
             .collect();
         let counter = AtomicUsize::new(0);
         let picked: Vec<String> = (0..4)
-            .map(|_| pick(&targets, &counter).address().to_string())
+            .map(|_| pick(&targets, None, &counter).address().to_string())
             .collect();
         assert_eq!(picked, ["a2:1", "a3:1", "a1:1", "a2:1"]);
+        // Equal weights other than 1 change nothing.
+        let lb = pool(&["a1:1;weight=4", "a2:1;weight=4"], &[]);
+        lb.mark_all_healthy();
+        assert_eq!(picks(&lb, false, 3), ["a2:1", "a1:1", "a2:1"]);
     }
 }

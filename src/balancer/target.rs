@@ -8,6 +8,11 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::affinity::PinKey;
+use super::spec::TargetSpec;
+// The syntax lives with the spec; these paths stay for the code that names them here.
+pub use super::spec::{container_ref, validate_target};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Health {
@@ -57,6 +62,10 @@ impl DrainTokens {
 pub struct Target {
     address: Arc<str>,
     authority: Authority,
+    /// Its share of the pool's requests (fork F16; 1 unless given).
+    weight: u32,
+    /// Its session affinity pin (fork F17): the cookie value that names it.
+    pin: Box<str>,
     health: AtomicU8,
     inflight: AtomicUsize,
     idle: Notify,
@@ -74,6 +83,12 @@ impl std::fmt::Debug for Target {
 impl Target {
     /// `address` has already passed `validate_target`; a missing port means 80.
     pub fn new(address: &str) -> Result<Arc<Target>, String> {
+        Target::build(&TargetSpec::plain(address), None)
+    }
+
+    /// A target of a pool: its weight, and its pin made with the pool's key.
+    pub fn build(spec: &TargetSpec, key: Option<&PinKey>) -> Result<Arc<Target>, String> {
+        let address = spec.address.as_str();
         let with_port = if address.contains(':') {
             address.to_string()
         } else {
@@ -85,6 +100,8 @@ impl Target {
         Ok(Arc::new(Target {
             address: Arc::from(address),
             authority,
+            weight: spec.weight,
+            pin: key.map(|k| k.pin(address)).unwrap_or_default(),
             health: AtomicU8::new(Health::Adding as u8),
             inflight: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -103,6 +120,23 @@ impl Target {
 
     pub fn authority(&self) -> &Authority {
         &self.authority
+    }
+
+    pub fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    /// The address and weight, as `list` shows them and the state file keeps them.
+    pub fn spec(&self) -> TargetSpec {
+        TargetSpec {
+            address: self.address.to_string(),
+            weight: self.weight,
+        }
+    }
+
+    /// The session affinity cookie value naming this target (empty: it has none).
+    pub fn pin(&self) -> &str {
+        &self.pin
     }
 
     pub fn health(&self) -> Health {
@@ -183,91 +217,9 @@ impl Drop for TargetGuard {
     }
 }
 
-/// Upstream's target syntax: a word character followed by at least one of word, `-`, `_`,
-/// `.`, `+`, then an optional `:port`. IPv6 literals, schemes and paths are refused.
-pub fn validate_target(addr: &str) -> Result<(), String> {
-    let (host, port) = match addr.rsplit_once(':') {
-        Some((h, p)) => (h, Some(p)),
-        None => (addr, None),
-    };
-    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut chars = host.chars();
-    let ok_host = match chars.next() {
-        Some(first) if word(first) => {
-            let rest: Vec<char> = chars.collect();
-            !rest.is_empty()
-                && rest
-                    .iter()
-                    .all(|&c| word(c) || matches!(c, '-' | '.' | '+'))
-        }
-        _ => false,
-    };
-    let ok_port = port.is_none_or(|p| {
-        !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) && p.parse::<u16>().is_ok()
-    });
-    if ok_host && ok_port {
-        Ok(())
-    } else {
-        Err(format!("{addr} :invalid host pattern"))
-    }
-}
-
-/// The container a target names, for scale-to-zero: its host part, unless that is an
-/// address rather than a name.
-pub fn container_ref(target: &str) -> Result<&str, String> {
-    let host = target.rsplit_once(':').map_or(target, |(h, _)| h);
-    if host.is_empty() || host.parse::<std::net::IpAddr>().is_ok() {
-        return Err(format!(
-            "target {target} is an address, not a container; name the container with --sleep-container"
-        ));
-    }
-    Ok(host)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn target_syntax() {
-        for ok in [
-            "web-1",
-            "web-1:3000",
-            "localhost:80",
-            "127.0.0.1:8080",
-            "abc123def456:80",
-        ] {
-            assert!(validate_target(ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "",
-            "_",
-            "/",
-            "a",
-            "http://x:80",
-            "[::1]:80",
-            "x:port",
-            "x:99999",
-            "a/b",
-        ] {
-            assert_eq!(
-                validate_target(bad).unwrap_err(),
-                format!("{bad} :invalid host pattern")
-            );
-        }
-    }
-
-    #[test]
-    fn container_refs() {
-        assert_eq!(container_ref("web-1:3000").unwrap(), "web-1");
-        assert_eq!(container_ref("abc123def456:80").unwrap(), "abc123def456");
-        assert!(
-            container_ref("10.0.0.5:3000")
-                .unwrap_err()
-                .contains("--sleep-container")
-        );
-        assert!(container_ref("127.0.0.1:80").is_err());
-    }
 
     #[tokio::test(start_paused = true)]
     async fn drain_waits_then_cancels() {

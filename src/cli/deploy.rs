@@ -4,7 +4,7 @@
 use clap::{ArgAction, Args};
 
 use super::values::{duration, float64, go_bool, int64, non_empty, port};
-use crate::balancer::target::validate_target;
+use crate::balancer::spec::TargetSpec;
 use crate::control::{DeployArgs, Request};
 use crate::gotime::GoDuration;
 use crate::options::*;
@@ -24,11 +24,11 @@ pub struct DeployCmd {
     #[arg(value_name = "SERVICE")]
     service: Vec<String>,
 
-    /// Target host(s) to deploy (repeatable, or comma-separated) [required]
-    #[arg(long, value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT")]
+    /// Target host(s) to deploy (repeatable, or comma-separated); 'host:port;weight=N' (1-1000, quoted for the shell) sets a target's share of requests [required]
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT[;weight=N]")]
     target: Option<Vec<String>>,
-    /// Read-only target host(s) to deploy
-    #[arg(long = "read-target", value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT")]
+    /// Read-only target host(s) to deploy; ';weight=N' weighs readers among themselves
+    #[arg(long = "read-target", value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT[;weight=N]")]
     read_target: Vec<String>,
     /// Host(s) to serve this target on (empty for wildcard)
     #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
@@ -138,6 +138,13 @@ pub struct DeployCmd {
     /// Scope cookie paths to match path prefix
     #[arg(long = "scope-cookie-paths", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
     scope_cookie_paths: Option<bool>,
+
+    /// Pin each client to one target with a cookie (an opaque HMAC of the target) for as long as that target is healthy and deployed, then to another; reads served by --read-target are not pinned
+    #[arg(long = "session-affinity", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    session_affinity: Option<bool>,
+    /// Name of the session affinity cookie (requires --session-affinity) [default: kamal-session]
+    #[arg(long = "session-affinity-cookie", value_name = "NAME")]
+    session_affinity_cookie: Option<String>,
 
     /// Stop the service's containers after this long without traffic (0 = never). Unset, it
     /// comes from the containers' label kamal-proxy.sleep-after when the proxy has a
@@ -263,6 +270,8 @@ impl DeployCmd {
             read_targets_accept_websockets: self.read_target_websockets.unwrap_or(false),
             exclude_metrics_paths: non_empty(self.exclude_metrics_path.clone()),
             client_ip_header: self.client_ip_header.clone(),
+            session_affinity: self.session_affinity.unwrap_or(false),
+            session_affinity_cookie: self.session_affinity_cookie.clone().unwrap_or_default(),
             sleep_after: self.sleep_after.unwrap_or_default(),
             wake_timeout: self.wake_timeout.unwrap_or_default(),
             sleep_containers: non_empty(self.sleep_container.clone()),
@@ -309,7 +318,7 @@ impl DeployCmd {
         let targets = non_empty(target.clone());
         let readers = non_empty(self.read_target.clone());
         for t in targets.iter().chain(readers.iter()) {
-            validate_target(t)?;
+            TargetSpec::parse(t)?;
         }
         Ok(DeployArgs {
             service,
@@ -363,6 +372,33 @@ mod tests {
     fn parse(args: &[&str]) -> DeployCmd {
         let argv = std::iter::once("deploy").chain(args.iter().copied());
         Wrapper::try_parse_from(argv).expect("parses").deploy
+    }
+
+    #[test]
+    fn session_affinity_and_weights_as_the_fork_s_kamal_sends_them() {
+        let args = parse(&[
+            "app",
+            "--target=web-1:80;weight=3,web-2:80",
+            "--session-affinity",
+            "--session-affinity-cookie=sticky",
+        ])
+        .to_args()
+        .unwrap();
+        assert_eq!(args.targets, ["web-1:80;weight=3", "web-2:80"]);
+        assert!(args.service_options.session_affinity);
+        assert_eq!(args.service_options.session_cookie(), Some("sticky"));
+        let args = parse(&["app", "--target=web:80", "--session-affinity=true"])
+            .to_args()
+            .unwrap();
+        assert_eq!(args.service_options.session_cookie(), Some("kamal-session"));
+        let off = parse(&["app", "--target=web:80"]).to_args().unwrap();
+        assert_eq!(off.service_options.session_cookie(), None);
+        assert_eq!(
+            parse(&["app", "--target=web:80", "--session-affinity-cookie=x"])
+                .to_args()
+                .unwrap_err(),
+            "service options invalid: session-affinity-cookie requires session-affinity"
+        );
     }
 
     #[test]

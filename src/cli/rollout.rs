@@ -5,7 +5,7 @@
 use clap::{ArgAction, Args, Subcommand};
 
 use super::values::{duration, int64, non_empty};
-use crate::balancer::target::validate_target;
+use crate::balancer::spec::TargetSpec;
 use crate::control::{Request, RolloutDeployArgs};
 use crate::gotime::GoDuration;
 use crate::options::DeploymentOptions;
@@ -48,11 +48,11 @@ struct DeployCmd {
     /// Name of the service
     #[arg(value_name = "SERVICE")]
     service: Vec<String>,
-    /// Target host(s) to deploy (repeatable, or comma-separated) [required]
-    #[arg(long, value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT")]
+    /// Target host(s) to deploy (repeatable, or comma-separated); 'host:port;weight=N' (1-1000, quoted for the shell) sets a target's share of the rollout pool's requests [required]
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT[;weight=N]")]
     target: Option<Vec<String>>,
-    /// Read-only target host(s) to deploy
-    #[arg(long = "read-target", value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT")]
+    /// Read-only target host(s) to deploy; ';weight=N' weighs readers among themselves
+    #[arg(long = "read-target", value_delimiter = ',', action = ArgAction::Append, value_name = "HOST:PORT[;weight=N]")]
     read_target: Vec<String>,
     /// Maximum time to wait for the new target to become healthy
     #[arg(long = "deploy-timeout", value_parser = duration, default_value = "30s", value_name = "DURATION")]
@@ -112,7 +112,7 @@ impl DeployCmd {
         let targets = non_empty(target.clone());
         let readers = non_empty(self.read_target.clone());
         for t in targets.iter().chain(&readers) {
-            validate_target(t)?;
+            TargetSpec::parse(t)?;
         }
         Ok(Request::RolloutDeploy(RolloutDeployArgs {
             service,

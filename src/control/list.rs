@@ -18,8 +18,13 @@ fn description(s: &Service) -> ServiceDescription {
     let config = s.config();
     let lb = s.active();
     let o = &config.options;
-    let writers = lb.writer_addresses();
-    let readers = lb.reader_addresses();
+    // Weighted targets as the fork lists them, `web:80;weight=5` (a weight of 1 is the
+    // bare address, so unweighted services list as upstream's).
+    let specs = |v: Vec<crate::balancer::spec::TargetSpec>| -> Vec<String> {
+        v.iter().map(ToString::to_string).collect()
+    };
+    let writers = specs(lb.writer_specs());
+    let readers = specs(lb.reader_specs());
     let sleep = s.sleep_controller();
     let rollout = s.rollout();
     let split = s.rollout_split();
@@ -44,11 +49,11 @@ fn description(s: &Service) -> ServiceDescription {
         reader_targets: readers,
         rollout_targets: rollout
             .as_ref()
-            .map(|p| p.writer_addresses())
+            .map(|p| specs(p.writer_specs()))
             .unwrap_or_default(),
         rollout_reader_targets: rollout
             .as_ref()
-            .map(|p| p.reader_addresses())
+            .map(|p| specs(p.reader_specs()))
             .unwrap_or_default(),
         rollout_percentage: split.as_ref().map(|s| s.percentage),
         rollout_allowlist: split.map(|s| s.allowlist.clone()).unwrap_or_default(),

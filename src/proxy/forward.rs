@@ -68,6 +68,9 @@ pub struct ResponseCookies<'a> {
     pub writer_affinity: Option<Duration>,
     /// `--scope-cookie-paths`: the stripped prefix the request matched (upstream §4.12).
     pub scope_paths: Option<&'a str>,
+    /// `--session-affinity`: the pin of a target the client's cookie did not name yet
+    /// (fork F17).
+    pub session_pin: Option<cookies::SessionPin<'a>>,
 }
 
 impl ResponseCookies<'_> {
@@ -79,6 +82,10 @@ impl ResponseCookies<'_> {
         }
         if let Some(timeout) = self.writer_affinity {
             cookies::set_writer_affinity(headers, timeout);
+        }
+        // After the app's own cookies are scoped: ours is for the whole site.
+        if let Some(pin) = &self.session_pin {
+            cookies::set_session_pin(headers, pin);
         }
     }
 }

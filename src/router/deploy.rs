@@ -10,7 +10,9 @@ use std::time::Duration;
 use super::Router;
 use super::persist::{snapshot, snapshots};
 use super::state::ServiceState;
-use crate::balancer::target::{container_ref, validate_target};
+use crate::balancer::affinity::PinKey;
+use crate::balancer::spec::TargetSpec;
+use crate::balancer::target::container_ref;
 use crate::balancer::{LoadBalancer, ProbeMode};
 use crate::lifecycle::LifecycleError;
 use crate::options::{DeploymentOptions, ServiceOptions, TargetOptions};
@@ -153,23 +155,48 @@ impl Router {
             target_options,
             sleep_flags,
         } = args;
-        self.apply_sleep_labels(&name, &mut options, &sleep_flags, &targets, &readers)
-            .await?;
+        // Parsed once more (the request was checked): weights apart from addresses, which
+        // are what names containers.
+        let writers = TargetSpec::parse_all(&targets)?;
+        let reader_specs = TargetSpec::parse_all(&readers)?;
+        let addresses = |specs: &[TargetSpec]| -> Vec<String> {
+            specs.iter().map(|s| s.address.clone()).collect()
+        };
+        let writer_addresses = addresses(&writers);
+        self.apply_sleep_labels(
+            &name,
+            &mut options,
+            &sleep_flags,
+            &writer_addresses,
+            &addresses(&reader_specs),
+        )
+        .await?;
         options.validate_complete()?;
         options.normalize();
         if options.sleep_enabled() {
-            self.sleep_preflight(&options, &targets).await?;
+            self.sleep_preflight(&options, &writer_addresses).await?;
         }
         let mut config = ServiceConfig::build(&name, options.clone(), target_options.clone())?;
         config.tls = options
             .cert_request()
             .map(|req| self.tls().source_for(&req))
             .transpose()?;
-        refuse_conflict(&*self.services.lock().await, &name, &options)?;
+        let pin_key = {
+            let services = self.services.lock().await;
+            refuse_conflict(&services, &name, &options)?;
+            // A redeploy keeps the service's session affinity key, so a client pinned to
+            // a target that stays is still pinned to it (fork F17 re-pins everyone).
+            services.get(&name).map(|s| s.active().pin_key().clone())
+        };
+        let pin_key = match pin_key {
+            Some(key) => key,
+            None => PinKey::generate()?,
+        };
         let lb = LoadBalancer::new(
             &name,
-            &targets,
-            &readers,
+            &writers,
+            &reader_specs,
+            pin_key,
             target_options.health_check_config.clone(),
             self.probe_client.clone(),
         )?;
@@ -327,7 +354,7 @@ pub(super) async fn keep_awake(
 fn check_request(args: &DeployArgs) -> Result<(), String> {
     crate::options::validate_service_name(&args.service)?;
     for target in args.targets.iter().chain(&args.readers) {
-        validate_target(target)?;
+        TargetSpec::parse(target)?;
     }
     crate::service::validate(&args.service_options, &args.target_options)
 }
@@ -406,5 +433,10 @@ mod tests {
         );
         assert!(check_request(&request(&["web:3000:extra"])).is_err());
         assert!(check_request(&request(&["web:notaport"])).is_err());
+        assert!(check_request(&request(&["web:3000;weight=5"])).is_ok());
+        assert_eq!(
+            check_request(&request(&["web:3000;weight=0"])).unwrap_err(),
+            "invalid target weight: 0 is outside 1-1000"
+        );
     }
 }

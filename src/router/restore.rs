@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::Router;
 use super::state::{LoadError, ServiceState};
+use crate::balancer::affinity::PinKey;
 use crate::balancer::{LoadBalancer, ProbeMode};
 use crate::service::pause::PauseController;
 use crate::service::sleep::IdleState;
@@ -102,10 +103,18 @@ impl Router {
             .cert_request()
             .map(|req| self.tls().source_for(&req))
             .transpose()?;
+        // The saved key keeps every client's pin across the restart; a file without one
+        // (affinity off, an upstream file) gets a fresh key.
+        let pin_key = match &s.session_affinity_key {
+            Some(key) => key.clone(),
+            None => PinKey::generate()?,
+        };
+        let (writers, readers) = s.active_specs();
         let lb = LoadBalancer::new(
             &s.name,
-            &s.active_targets,
-            &s.active_readers,
+            &writers,
+            &readers,
+            pin_key.clone(),
             s.target_options.health_check_config.clone(),
             self.probe_client.clone(),
         )?;
@@ -119,12 +128,14 @@ impl Router {
         lb.mark_all_healthy();
         // A rollout pool is restored when it has targets, healthy at once like the active
         // one (upstream §6.3), and its split as saved.
-        let rollout = match s.rollout_targets.as_deref() {
-            Some(writers) if !writers.is_empty() => {
+        let (rollout_writers, rollout_readers) = s.rollout_specs();
+        let rollout = match rollout_writers.as_slice() {
+            writers if !writers.is_empty() => {
                 let pool = LoadBalancer::new(
                     &s.name,
                     writers,
-                    s.rollout_readers.as_deref().unwrap_or_default(),
+                    &rollout_readers,
+                    pin_key,
                     s.target_options.health_check_config.clone(),
                     self.probe_client.clone(),
                 )?;

@@ -9,6 +9,7 @@ use super::Router;
 use super::deploy::keep_awake;
 use super::persist::{snapshot, snapshots};
 use crate::balancer::rollout::RolloutSplit;
+use crate::balancer::spec::TargetSpec;
 use crate::balancer::{LoadBalancer, ProbeMode};
 use crate::options::DeploymentOptions;
 use crate::service::Service;
@@ -45,8 +46,11 @@ impl Router {
         let config = service.config();
         let lb = LoadBalancer::new(
             &name,
-            &targets,
-            &readers,
+            &TargetSpec::parse_all(&targets)?,
+            &TargetSpec::parse_all(&readers)?,
+            // The service's key: a client pinned in the rollout pool stays pinned when
+            // the same targets come back in a later rollout.
+            service.active().pin_key().clone(),
             config.target_options.health_check_config.clone(),
             self.probe_client.clone(),
         )?;

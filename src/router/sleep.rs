@@ -105,7 +105,7 @@ impl SleepHooks for PoolHooks {
                 return Err(());
             };
             for pool in service.pools() {
-                pool.resume();
+                pool.resume(deadline);
             }
             // Ready when every pool requests can reach can serve: a request the split
             // sends to the rollout must not meet a pool that is still starting.
@@ -161,11 +161,16 @@ mod tests {
     }
 
     fn pool(writers: &[&str], readers: &[&str]) -> Arc<LoadBalancer> {
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let s = |v: &[&str]| {
+            v.iter()
+                .map(|x| crate::balancer::spec::TargetSpec::parse(x).unwrap())
+                .collect::<Vec<_>>()
+        };
         LoadBalancer::new(
             "app",
             &s(writers),
             &s(readers),
+            crate::balancer::affinity::PinKey::generate().unwrap(),
             HealthCheckConfig::default(),
             probe_client(),
         )
@@ -189,7 +194,10 @@ mod tests {
             pool(&["web-1:80", "10.0.0.9:80"], &["replica:80"]),
             PauseController::default(),
         ));
-        service.swap_rollout(Some(pool(&["web-new:80", "web-1:80"], &["replica-new:80"])));
+        service.swap_rollout(Some(pool(
+            &["web-new:80;weight=3", "web-1:80"],
+            &["replica-new:80"],
+        )));
         let containers = |s: &Service| s.sleep_controller().unwrap().containers();
 
         // No split: the rollout pool gets no traffic, its containers are left alone.

@@ -20,7 +20,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::balancer::LoadBalancer;
+use crate::balancer::affinity::PinKey;
 use crate::balancer::rollout::RolloutSplit;
+use crate::balancer::spec::{self, TargetSpec};
 use crate::options::{ServiceOptions, TargetOptions};
 use crate::service::pause::PauseSnapshot;
 
@@ -57,6 +59,21 @@ pub struct ServiceState {
     /// Unix seconds since which the service has been frozen or asleep (0: awake).
     #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub idle_since: i64,
+    /// Target weights (fork F16), one per entry of the list each is named after; omitted
+    /// when every weight of that list is 1. Kept apart from upstream's lists, which Go
+    /// parses as plain `host:port` (a weight there would make Go drop every service).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active_target_weights: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active_reader_weights: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollout_target_weights: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollout_reader_weights: Vec<u32>,
+    /// The key of the service's session affinity pins (fork F17), while affinity is on:
+    /// kept so that a restart or an upgrade does not re-pin every client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity_key: Option<PinKey>,
     // Legacy upstream keys, read for compatibility and never written.
     #[serde(default, skip_serializing)]
     pub active_target: String,
@@ -78,12 +95,15 @@ impl ServiceState {
         pause_controller: PauseSnapshot,
         idle_state: String,
     ) -> ServiceState {
+        let (active_targets, active_target_weights) = split_specs(&active.writer_specs());
+        let (active_readers, active_reader_weights) = split_specs(&active.reader_specs());
+        let session_affinity_key = options.session_affinity.then(|| active.pin_key().clone());
         ServiceState {
             name: name.to_string(),
             options,
             target_options,
-            active_targets: active.writer_addresses(),
-            active_readers: active.reader_addresses(),
+            active_targets,
+            active_readers,
             rollout_targets: None,
             rollout_readers: None,
             pause_controller,
@@ -91,6 +111,11 @@ impl ServiceState {
             idle_state,
             idle_containers: Vec::new(),
             idle_since: 0,
+            active_target_weights,
+            active_reader_weights,
+            rollout_target_weights: Vec::new(),
+            rollout_reader_weights: Vec::new(),
+            session_affinity_key,
             active_target: String::new(),
             rollout_target: String::new(),
             hosts: Vec::new(),
@@ -105,10 +130,40 @@ impl ServiceState {
         pool: Option<&LoadBalancer>,
         split: Option<&RolloutSplit>,
     ) -> ServiceState {
-        self.rollout_targets = pool.map(|p| p.writer_addresses());
-        self.rollout_readers = pool.map(|p| p.reader_addresses());
+        let writers = pool.map(|p| split_specs(&p.writer_specs()));
+        let readers = pool.map(|p| split_specs(&p.reader_specs()));
+        (self.rollout_targets, self.rollout_target_weights) = match writers {
+            Some((addresses, weights)) => (Some(addresses), weights),
+            None => (None, Vec::new()),
+        };
+        (self.rollout_readers, self.rollout_reader_weights) = match readers {
+            Some((addresses, weights)) => (Some(addresses), weights),
+            None => (None, Vec::new()),
+        };
         self.rollout_controller = split.cloned();
         self
+    }
+
+    /// The active pool's writers and readers with their weights.
+    pub fn active_specs(&self) -> (Vec<TargetSpec>, Vec<TargetSpec>) {
+        (
+            TargetSpec::zip(&self.active_targets, &self.active_target_weights),
+            TargetSpec::zip(&self.active_readers, &self.active_reader_weights),
+        )
+    }
+
+    /// The rollout pool's writers and readers with their weights (none without a pool).
+    pub fn rollout_specs(&self) -> (Vec<TargetSpec>, Vec<TargetSpec>) {
+        (
+            TargetSpec::zip(
+                self.rollout_targets.as_deref().unwrap_or_default(),
+                &self.rollout_target_weights,
+            ),
+            TargetSpec::zip(
+                self.rollout_readers.as_deref().unwrap_or_default(),
+                &self.rollout_reader_weights,
+            ),
+        )
     }
 
     /// Applies upstream's legacy upgrades and normalises the options.
@@ -130,6 +185,33 @@ impl ServiceState {
         self.options.normalize();
     }
 
+    /// The Go fork keeps weights inside upstream's lists (`web:80;weight=5`): such a file
+    /// loads, the weights moved to our keys, so the next save is one Go reads again.
+    fn move_fork_weights(&mut self) -> Result<(), String> {
+        fn split(list: &mut [String], weights: &mut Vec<u32>) -> Result<(), String> {
+            if !list.iter().any(|t| t.contains(';')) {
+                return Ok(());
+            }
+            let specs = list
+                .iter()
+                .map(|t| TargetSpec::parse(t))
+                .collect::<Result<Vec<_>, _>>()?;
+            let (addresses, parsed) = split_specs(&specs);
+            list.clone_from_slice(&addresses);
+            *weights = parsed;
+            Ok(())
+        }
+        split(&mut self.active_targets, &mut self.active_target_weights)?;
+        split(&mut self.active_readers, &mut self.active_reader_weights)?;
+        if let Some(list) = self.rollout_targets.as_mut() {
+            split(list, &mut self.rollout_target_weights)?;
+        }
+        if let Some(list) = self.rollout_readers.as_mut() {
+            split(list, &mut self.rollout_reader_weights)?;
+        }
+        Ok(())
+    }
+
     /// What upstream refuses while decoding: a file naming an impossible target is
     /// corrupt as a whole (all or nothing), so it is set aside rather than half-restored
     /// and then overwritten without the service it lost.
@@ -146,8 +228,54 @@ impl ServiceState {
             .iter()
             .chain(self.active_readers.iter())
             .chain(rollout)
-            .try_for_each(|t| crate::balancer::target::validate_target(t))
+            .try_for_each(|t| crate::balancer::target::validate_target(t))?;
+        let lists: [(&str, usize, &[u32]); 4] = [
+            (
+                "active_targets",
+                self.active_targets.len(),
+                &self.active_target_weights,
+            ),
+            (
+                "active_readers",
+                self.active_readers.len(),
+                &self.active_reader_weights,
+            ),
+            (
+                "rollout_targets",
+                self.rollout_targets.as_ref().map_or(0, Vec::len),
+                &self.rollout_target_weights,
+            ),
+            (
+                "rollout_readers",
+                self.rollout_readers.as_ref().map_or(0, Vec::len),
+                &self.rollout_reader_weights,
+            ),
+        ];
+        for (list, len, weights) in lists {
+            if !weights.is_empty() && weights.len() != len {
+                return Err(format!(
+                    "{} weights for the {len} entries of {list}",
+                    weights.len()
+                ));
+            }
+            for &w in weights {
+                spec::check_weight(i64::from(w))?;
+            }
+        }
+        Ok(())
     }
+}
+
+/// Addresses for upstream's list, and the weights for ours: none when all are 1, so an
+/// unweighted service is saved exactly as before.
+fn split_specs(specs: &[TargetSpec]) -> (Vec<String>, Vec<u32>) {
+    let addresses = specs.iter().map(|s| s.address.clone()).collect();
+    let weights = if specs.iter().all(|s| s.weight == spec::DEFAULT_WEIGHT) {
+        Vec::new()
+    } else {
+        specs.iter().map(|s| s.weight).collect()
+    };
+    (addresses, weights)
 }
 
 fn is_zero_i64(v: &i64) -> bool {
@@ -208,7 +336,8 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<ServiceState>, LoadError> {
     };
     for s in &mut services {
         s.upgrade();
-        s.check()
+        s.move_fork_weights()
+            .and_then(|()| s.check())
             .map_err(|e| LoadError::Corrupt(format!("service \"{}\": {e}", s.name)))?;
     }
     Ok(services)
@@ -429,6 +558,72 @@ mod tests {
             }
             other => panic!("expected corrupt, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn weights_are_kept_beside_upstream_s_lists() {
+        // Ours: plain addresses in upstream's lists, the weights in our keys.
+        let ours = br#"[{"name":"app","active_targets":["web-1:80","web-2:80"],"active_target_weights":[1,5],"rollout_targets":["new:80"],"rollout_readers":["replica:80"],"rollout_reader_weights":[7]}]"#;
+        let s = parse(ours).unwrap();
+        let (writers, readers) = s[0].active_specs();
+        let shown = |v: &[TargetSpec]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(shown(&writers), ["web-1:80", "web-2:80;weight=5"]);
+        assert!(readers.is_empty());
+        let (writers, readers) = s[0].rollout_specs();
+        assert_eq!(shown(&writers), ["new:80"]);
+        assert_eq!(shown(&readers), ["replica:80;weight=7"]);
+
+        // The Go fork's: weights inside the lists. They load, and move to our keys.
+        let fork = br#"[{"name":"app","active_targets":["web-1:80","web-2:80;weight=5"],"active_readers":["replica:80;weight=2"],"rollout_targets":["new:80;weight=3"]}]"#;
+        let s = parse(fork).unwrap();
+        assert_eq!(s[0].active_targets, ["web-1:80", "web-2:80"]);
+        assert_eq!(s[0].active_target_weights, [1, 5]);
+        assert_eq!(s[0].active_readers, ["replica:80"]);
+        assert_eq!(s[0].active_reader_weights, [2]);
+        assert_eq!(
+            s[0].rollout_targets.as_deref(),
+            Some(&["new:80".to_string()][..])
+        );
+        assert_eq!(s[0].rollout_target_weights, [3]);
+        let saved = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            saved[0]["active_targets"],
+            serde_json::json!(["web-1:80", "web-2:80"])
+        );
+
+        // Weights that do not fit their list make the file corrupt, as a bad target does.
+        for (bad, why) in [
+            (
+                r#"[{"name":"app","active_targets":["web:80"],"active_target_weights":[1,2]}]"#,
+                "service \"app\": 2 weights for the 1 entries of active_targets",
+            ),
+            (
+                r#"[{"name":"app","active_targets":["web:80","web2:80"],"active_target_weights":[0,2]}]"#,
+                "service \"app\": invalid target weight: 0 is outside 1-1000",
+            ),
+            (
+                r#"[{"name":"app","active_targets":["web:80;weight=x"]}]"#,
+                "service \"app\": invalid target weight: 'x' is not a whole number",
+            ),
+        ] {
+            match parse(bad.as_bytes()) {
+                Err(LoadError::Corrupt(e)) => assert_eq!(e, why),
+                other => panic!("expected corrupt, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_session_affinity_key_round_trips() {
+        let key = PinKey::generate().unwrap();
+        let json = format!(
+            r#"[{{"name":"app","active_targets":["web:80"],"session_affinity_key":{}}}]"#,
+            serde_json::to_string(&key).unwrap()
+        );
+        let s = parse(json.as_bytes()).unwrap();
+        assert_eq!(s[0].session_affinity_key.as_ref(), Some(&key));
+        let bad = br#"[{"name":"app","active_targets":["web:80"],"session_affinity_key":"nope"}]"#;
+        assert!(matches!(parse(bad), Err(LoadError::Corrupt(_))));
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!   on to the next target while some remain untried, then after the interval.
 //!
 //! Each attempt asks the service for its pool again, so a request held across a redeploy
-//! goes to the new targets. The try duration never outlasts `--request-timeout`: a
+//! goes to the new targets. With `--session-affinity` (fork F17) the first attempt goes to
+//! the writer the client's cookie pins; a further attempt is the rotation's, and the
+//! answer pins the client to the target that gave it (a proxy-made answer pins nobody). The try duration never outlasts `--request-timeout`: a
 //! deadline that passes while the request waits is a 504, as during any other hold. The
 //! access log counts the further attempts (`retries`).
 
@@ -19,10 +21,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Conn, Service, ServiceConfig, is_read_request};
-use crate::balancer::LoadBalancer;
+use crate::balancer::{LoadBalancer, Pick};
 use crate::options::upstream::RetryPolicy;
 use crate::proxy::body::{RequestBody, ResponseBody};
-use crate::proxy::cookies::has_live_writer_cookie;
+use crate::proxy::cookies::{SessionPin, has_live_writer_cookie, request_cookie};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::proxy::{Forwarder, ResponseCookies, Retry, UpstreamRequest};
@@ -56,8 +58,18 @@ impl Service {
             .retry
             .map(|policy| Tries::new(policy, placed.deadline));
         let client_ip = crate::proxy::headers::IpText::new(conn.client.ip());
+        self.wait_for_a_starting_pin(&req, config, placed.deadline)
+            .await;
+        let mut first = true;
         loop {
-            let (target, lb, cookies) = match self.choose_target(&req, config, placed.prefix) {
+            let chosen = self.choose_target(&req, config, placed.prefix, first);
+            first = false;
+            let Chosen {
+                target,
+                lb,
+                mut cookies,
+                repin,
+            } = match chosen {
                 Ok(chosen) => chosen,
                 Err(pool) => {
                     let waited = match tries.as_mut() {
@@ -72,6 +84,15 @@ impl Service {
                     return self.refuse(rejection, &req, config, exchange);
                 }
             };
+            cookies.session_pin = config
+                .options
+                .session_cookie()
+                .filter(|_| repin)
+                .map(|name| SessionPin {
+                    name,
+                    value: target.pin(),
+                    secure: conn.tls,
+                });
             exchange.record().target = Some(target.shared_address());
             exchange.target = Some(target.begin());
             let may_retry = tries.as_ref().is_some_and(Tries::time_left);
@@ -117,21 +138,57 @@ impl Service {
         }
     }
 
+    /// The pool a request goes to (the rollout's or the active one), whether it is a
+    /// read, and whether it may go to a reader.
+    fn pool_and_side<B>(
+        &self,
+        req: &Request<B>,
+        config: &ServiceConfig,
+    ) -> (Arc<LoadBalancer>, bool, bool) {
+        let lb = self.pool_for(req.headers());
+        let read = is_read_request(req, config.options.read_targets_accept_websockets);
+        // Writer affinity (upstream §4.4) matters only to a pool with readers: a client
+        // that wrote recently reads from a writer, and a write renews its cookie.
+        let to_reader = read && !(lb.has_readers() && has_live_writer_cookie(req.headers()));
+        (lb, read, to_reader)
+    }
+
+    /// Session affinity across a wake: a client whose pinned container is still starting
+    /// waits for it (up to the wake's deadline and the request's) rather than be re-pinned
+    /// to the first container up (see `LoadBalancer::starting_pin`).
+    async fn wait_for_a_starting_pin<B>(
+        &self,
+        req: &Request<B>,
+        config: &ServiceConfig,
+        deadline: Option<Instant>,
+    ) {
+        let Some(cookie) = config
+            .options
+            .session_cookie()
+            .and_then(|name| request_cookie(req.headers(), name))
+        else {
+            return;
+        };
+        let (lb, _, to_reader) = self.pool_and_side(req, config);
+        if let Some((pinned, until)) = lb.starting_pin(to_reader, cookie) {
+            let until = deadline.map_or(until, |d| d.min(until));
+            lb.wait_for_target(&pinned, until).await;
+        }
+    }
+
     /// A target for the request (in the rollout's pool or the active one, a reader or a
     /// writer), its pool and what the proxy does to the cookies of its answer; the pool
-    /// alone when it has no healthy target.
+    /// alone when it has no healthy target. With session affinity the `first` attempt
+    /// honours the client's pin; later ones are the rotation's.
     pub(super) fn choose_target<'p, B>(
         &self,
         req: &Request<B>,
         config: &ServiceConfig,
         prefix: &'p str,
-    ) -> Result<ChosenTarget<'p>, Arc<LoadBalancer>> {
-        let lb = self.pool_for(req.headers());
-        let read = is_read_request(req, config.options.read_targets_accept_websockets);
-        // Writer affinity (upstream §4.4) matters only to a pool with readers: a client
-        // that wrote recently reads from a writer, and a write renews its cookie.
+        first: bool,
+    ) -> Result<Chosen<'p>, Arc<LoadBalancer>> {
+        let (lb, read, to_reader) = self.pool_and_side(req, config);
         let affinity = lb.has_readers();
-        let to_reader = read && !(affinity && has_live_writer_cookie(req.headers()));
         let writer_affinity =
             (affinity && !read && config.options.writer_affinity_timeout.is_positive())
                 .then(|| config.options.writer_affinity_timeout.to_std());
@@ -140,14 +197,38 @@ impl Service {
             && config.options.strip_prefix
             && prefix != "/")
             .then_some(prefix);
-        let Some(target) = lb.select(to_reader) else {
+        // Session affinity (fork F17) inside the chosen pool, after the read/write split:
+        // a write, or a read kept on the writers, goes to the writer the client's cookie
+        // pins; weights and rotation choose only for a client without a live pin.
+        let picked = match config.options.session_cookie() {
+            Some(name) => {
+                let pin = request_cookie(req.headers(), name);
+                lb.select_pinned(to_reader, pin.filter(|_| first))
+                    .map(|p| Pick {
+                        // A further attempt's target may be the one the cookie names.
+                        repin: p.repin && pin != Some(p.target.pin()),
+                        target: p.target,
+                    })
+            }
+            None => lb.select(to_reader).map(|target| Pick {
+                target,
+                repin: false,
+            }),
+        };
+        let Some(Pick { target, repin }) = picked else {
             return Err(lb);
         };
         let cookies = ResponseCookies {
             writer_affinity,
             scope_paths: scope_cookies,
+            session_pin: None,
         };
-        Ok((target, lb, cookies))
+        Ok(Chosen {
+            target,
+            lb,
+            cookies,
+            repin,
+        })
     }
 
     fn refuse<B>(
@@ -167,11 +248,14 @@ impl Service {
 }
 
 /// A target, its pool, and the proxy's changes to the cookies of its answer.
-type ChosenTarget<'p> = (
-    Arc<crate::balancer::Target>,
-    Arc<LoadBalancer>,
-    ResponseCookies<'p>,
-);
+pub(super) struct Chosen<'p> {
+    target: Arc<crate::balancer::Target>,
+    lb: Arc<LoadBalancer>,
+    cookies: ResponseCookies<'p>,
+    /// Session affinity: the answer pins the client to this target (the session cookie
+    /// is added once the target is at hand, as it borrows the target's pin).
+    repin: bool,
+}
 
 /// `rejection`, unless the request's deadline has passed: then that is the answer.
 fn past_deadline(deadline: Option<Instant>, rejection: Rejection) -> Rejection {
@@ -242,11 +326,24 @@ impl Tries {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balancer::affinity::PinKey;
     use crate::balancer::health::{HealthCheckConfig, probe_client};
+    use crate::balancer::spec::TargetSpec;
 
     fn pool(targets: &[&str]) -> std::sync::Arc<LoadBalancer> {
-        let t: Vec<String> = targets.iter().map(|s| s.to_string()).collect();
-        LoadBalancer::new("app", &t, &[], HealthCheckConfig::default(), probe_client()).unwrap()
+        let t: Vec<TargetSpec> = targets
+            .iter()
+            .map(|s| TargetSpec::parse(s).unwrap())
+            .collect();
+        LoadBalancer::new(
+            "app",
+            &t,
+            &[],
+            PinKey::generate().unwrap(),
+            HealthCheckConfig::default(),
+            probe_client(),
+        )
+        .unwrap()
     }
 
     fn policy(try_ms: u64, interval_ms: u64) -> RetryPolicy {

@@ -509,6 +509,12 @@ fn client_ip_header_to_forwarded_for(req: &mut Request<Incoming>, name: &str) {
 pub fn validate(service: &ServiceOptions, target: &TargetOptions) -> Result<(), String> {
     service.validate()?;
     service.validate_with(gates::validate)?;
+    service.validate_with(|o| {
+        crate::proxy::cookies::validate_session_affinity(
+            o.session_affinity,
+            &o.session_affinity_cookie,
+        )
+    })?;
     target.validate()?;
     gates::validate_health_check(service, target)
 }

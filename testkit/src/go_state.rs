@@ -12,6 +12,9 @@ use serde_json::Value;
 pub const GO_FIXTURE: &str = include_str!("../../tests/fixtures/go-kamal-proxy.state");
 
 /// Go's field types, by JSON key. `[string]` is a Go `[]string` (null decodes as nil),
+/// `[target]` one whose every entry must match upstream's target pattern
+/// `^(\w[-_.\w+]+)(:\d+)?$` (Go refuses the whole file otherwise, so a weight written
+/// into `active_targets` would lose every service after a rollback),
 /// `int` a Go integer or `time.Duration` (a JSON number with no fraction that fits in
 /// 64 bits), `object?` a pointer to a struct (null or an object).
 pub const GO_SCHEMA: &str = r#"{
@@ -35,8 +38,8 @@ pub const GO_SCHEMA: &str = r#"{
     "log_response_headers": "[string]", "forward_headers": "bool",
     "scope_cookie_paths": "bool"
   },
-  "active_targets": "[string]", "active_readers": "[string]",
-  "rollout_targets": "[string]", "rollout_readers": "[string]",
+  "active_targets": "[target]", "active_readers": "[target]",
+  "rollout_targets": "[target]", "rollout_readers": "[target]",
   "pause_controller": { "state": "int", "stop_message": "string", "fail_after": "int" },
   "rollout_controller": "object?"
 }"#;
@@ -96,6 +99,13 @@ fn check_kind(value: &Value, kind: &str, at: &str) -> Result<(), String> {
                     .as_array()
                     .is_some_and(|a| a.iter().all(Value::is_string))
         }
+        "[target]" => {
+            value.is_null()
+                || value.as_array().is_some_and(|a| {
+                    a.iter()
+                        .all(|t| t.as_str().is_some_and(matches_go_target_pattern))
+                })
+        }
         "object?" => value.is_null() || value.is_object(),
         other => panic!("bad schema kind {other}"),
     };
@@ -104,6 +114,21 @@ fn check_kind(value: &Value, kind: &str, at: &str) -> Result<(), String> {
     } else {
         Err(format!("{at} is {value}, which Go cannot decode as {kind}"))
     }
+}
+
+/// Upstream's `^(\w[-_.\w+]+)(:\d+)?$` (`internal/server/target.go`), by hand.
+pub fn matches_go_target_pattern(target: &str) -> bool {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let (host, port) = match target.split_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (target, None),
+    };
+    let mut chars = host.chars();
+    let host_ok = chars.next().is_some_and(word)
+        && chars.clone().next().is_some()
+        && chars.all(|c| word(c) || matches!(c, '-' | '_' | '.' | '+'));
+    let port_ok = port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    host_ok && port_ok
 }
 
 /// `ours` reduced to the keys `go` has, recursively: what Go reads of our file.

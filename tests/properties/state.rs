@@ -1,8 +1,10 @@
 //! The state file: what we write reads back equal, in Go's shape, and no file however
 //! damaged panics the reader (or the restore that builds services from it).
 
+use kamal_proxy::balancer::affinity::PinKey;
 use kamal_proxy::balancer::health::HealthCheckConfig;
 use kamal_proxy::balancer::rollout::RolloutSplit;
+use kamal_proxy::balancer::target::validate_target;
 use kamal_proxy::gotime::GoDuration;
 use kamal_proxy::options::upstream::{PathTimeout, RetryOptions, UpstreamOptions};
 use kamal_proxy::options::{ServiceOptions, TargetOptions, normalize_prefix};
@@ -26,6 +28,28 @@ fn words(pattern: &'static str, most: usize) -> impl Strategy<Value = Vec<String
 
 fn target() -> impl Strategy<Value = String> {
     "[a-z0-9][a-z0-9_.-]{1,12}(:[0-9]{1,4})?"
+}
+
+/// A list of targets and its weights as the file keeps them: none when all are 1.
+fn weighted_targets(most: usize) -> impl Strategy<Value = (Vec<String>, Vec<u32>)> {
+    prop::collection::vec((target(), prop_oneof![Just(1u32), 1u32..=1000]), 0..=most).prop_map(
+        |pairs| {
+            let weights: Vec<u32> = pairs.iter().map(|(_, w)| *w).collect();
+            let weights = if weights.iter().all(|&w| w == 1) {
+                Vec::new()
+            } else {
+                weights
+            };
+            (pairs.into_iter().map(|(t, _)| t).collect(), weights)
+        },
+    )
+}
+
+/// A session affinity key, as the file keeps it (64 hex digits).
+fn pin_key() -> impl Strategy<Value = Option<PinKey>> {
+    prop::option::of("[0-9a-f]{64}".prop_map(|hex| {
+        serde_json::from_value(Value::String(hex)).expect("64 hex digits are a key")
+    }))
 }
 
 /// Options as a deploy leaves them (normalised); the text fields are arbitrary, as the
@@ -102,7 +126,7 @@ pub fn service_options() -> impl Strategy<Value = ServiceOptions> {
                 writer_affinity_timeout: affinity,
                 read_targets_accept_websockets: ws,
                 exclude_metrics_paths: excluded,
-                client_ip_header: ip_header,
+                client_ip_header: ip_header.clone(),
                 sleep_after,
                 wake_timeout,
                 // The newer sleep keys reuse generated values: any value must round-trip.
@@ -119,6 +143,9 @@ pub fn service_options() -> impl Strategy<Value = ServiceOptions> {
                 redirects,
                 rewrites,
                 request_timeout,
+                // Reused generated values, as above.
+                session_affinity: redirect,
+                session_affinity_cookie: ip_header.clone(),
                 // The upstream keys reuse generated values too.
                 retry: RetryOptions {
                     target_try_duration: request_timeout,
@@ -201,10 +228,11 @@ fn service_state() -> impl Strategy<Value = ServiceState> {
         service_options(),
         target_options(),
         (
-            prop::collection::vec(target(), 0..3),
-            prop::collection::vec(target(), 0..2),
-            prop::option::of(prop::collection::vec(target(), 0..2)),
-            prop::option::of(prop::collection::vec(target(), 0..2)),
+            weighted_targets(2),
+            weighted_targets(1),
+            prop::option::of(weighted_targets(1)),
+            prop::option::of(weighted_targets(1)),
+            pin_key(),
         ),
         (0u8..3, ".{0,12}", any::<i64>()),
         rollout_controller(),
@@ -219,7 +247,7 @@ fn service_state() -> impl Strategy<Value = ServiceState> {
                 name,
                 options,
                 target_options,
-                (active, readers, rollout, rollout_readers),
+                (active, readers, rollout, rollout_readers, session_affinity_key),
                 (state, stop_message, fail_after),
                 rollout_controller,
                 (idle, idle_containers, idle_since),
@@ -227,10 +255,18 @@ fn service_state() -> impl Strategy<Value = ServiceState> {
                 name,
                 options,
                 target_options,
-                active_targets: active,
-                active_readers: readers,
-                rollout_targets: rollout,
-                rollout_readers,
+                active_targets: active.0,
+                active_target_weights: active.1,
+                active_readers: readers.0,
+                active_reader_weights: readers.1,
+                rollout_target_weights: rollout.as_ref().map(|r| r.1.clone()).unwrap_or_default(),
+                rollout_targets: rollout.map(|r| r.0),
+                rollout_reader_weights: rollout_readers
+                    .as_ref()
+                    .map(|r| r.1.clone())
+                    .unwrap_or_default(),
+                rollout_readers: rollout_readers.map(|r| r.0),
+                session_affinity_key,
                 pause_controller: PauseSnapshot {
                     state,
                     stop_message,
@@ -360,6 +396,13 @@ proptest! {
             }
             prop_assert!(s["active_targets"].is_array() && s["active_readers"].is_array());
             prop_assert!(s["rollout_targets"].is_null() || s["rollout_targets"].is_array());
+            // Weights or not, upstream's lists hold plain `host:port`, which Go accepts.
+            for list in ["active_targets", "active_readers", "rollout_targets", "rollout_readers"] {
+                for t in s[list].as_array().into_iter().flatten() {
+                    let t = t.as_str().unwrap_or_default();
+                    prop_assert_eq!(validate_target(t), Ok(()), "{} in {}", t, list);
+                }
+            }
         }
     }
 

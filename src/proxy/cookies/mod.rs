@@ -1,6 +1,7 @@
 //! The cookies the proxy itself reads and writes: `kamal-rollout` and `kamal-writer` on
-//! requests, the writer-affinity cookie on responses (upstream §4.4), and
-//! `--scope-cookie-paths` (upstream §4.12, in [`set_cookie`]).
+//! requests, the writer-affinity cookie on responses (upstream §4.4), the session
+//! affinity pin (fork F17, in [`session`]) and `--scope-cookie-paths` (upstream §4.12, in
+//! [`set_cookie`]).
 //!
 //! Requests are read the way Go's `Request.Cookie` reads them, so a cookie routes a
 //! request here exactly as it does in Go kamal-proxy.
@@ -8,8 +9,10 @@
 use http::header::{COOKIE, HeaderMap, HeaderName, HeaderValue, SET_COOKIE};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod session;
 mod set_cookie;
 
+pub use session::{SessionPin, set_session_pin, validate_session_affinity};
 pub use set_cookie::scope_cookie_paths;
 
 /// The cookie that sends a client's reads to a writer for a while after it wrote.
