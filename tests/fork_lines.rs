@@ -1,10 +1,23 @@
 //! The lines the Kamal fork (`kamal-client.md` §9) sends for the operator features of issue
 //! 13, replayed with the fork's `--flag="value"` quoting through a real shell: every `run`
-//! and `deploy` flag accepted, and what each does visible through the running proxy. Each
+//! and `deploy` flag accepted, taking effect (weights, affinity, metrics, drain) or saved
+//! under the fork's state keys (the try, pool and path flags). Each
 //! flag's behaviour in depth is in its own test file (listeners, upstream_leg,
 //! session_affinity, weighted_targets, upgrade).
 
+use serde_json::{Value, json};
 use testkit::{Proxy, backend::Backend, client};
+
+/// The first value under `key` anywhere in `v`.
+fn find<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    match v {
+        Value::Object(map) => map
+            .get(key)
+            .or_else(|| map.values().find_map(|x| find(x, key))),
+        Value::Array(items) => items.iter().find_map(|x| find(x, key)),
+        _ => None,
+    }
+}
 
 /// The argv a POSIX shell makes of `line` (the fork's quoting is the shell's).
 fn shell_words(line: &str) -> Vec<String> {
@@ -89,6 +102,26 @@ async fn the_fork_s_run_and_deploy_lines_are_accepted_and_take_effect() {
         .await
         .expect("GET /metrics");
     assert_eq!(metrics.status(), 200);
+
+    // The try, pool and path flags are saved under the fork's keys (their behaviour is
+    // tests/upstream_leg.rs's).
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(proxy.state_file()).expect("state file"))
+            .expect("JSON");
+    for (key, want) in [
+        ("max_conns_per_host", json!(64)),
+        ("max_idle_conns_per_host", json!(32)),
+        ("target_try_duration", json!(10_000_000_000u64)),
+        ("target_try_interval", json!(250_000_000u64)),
+        ("idle_conn_timeout", json!(60_000_000_000u64)),
+        ("dial_timeout", json!(5_000_000_000u64)),
+    ] {
+        assert_eq!(find(&state, key), Some(&want), "{key} in {state}");
+    }
+    for key in ["path_response_timeouts", "path_request_timeouts"] {
+        let rules = find(&state, key).unwrap_or_else(|| panic!("{key} in {state}"));
+        assert_eq!(rules.as_array().map(Vec::len), Some(1), "{key}: {rules}");
+    }
 
     // The `drain` of the upgrade recipe (`hold` has its own test in tests/upgrade.rs).
     proxy.ok(&["drain", "--drain-timeout=30s"]).await;
