@@ -56,7 +56,7 @@ fn log_lines(proxy: &Proxy, msg: &str) -> Vec<Value> {
 // === --target-try-duration: attempts and the hold (fork F18) ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_get_is_retried_across_a_redeploy_blip_while_a_post_is_not_resent() {
+async fn a_get_is_retried_while_its_target_restarts_and_a_post_is_not_resent() {
     let app = FlakyBackend::start().await;
     let proxy = Proxy::start_with(&["--debug"], &[]).await;
     proxy
@@ -667,4 +667,44 @@ async fn a_connection_that_carried_a_large_head_is_not_kept_idle() {
         conns[4..].iter().all(|(_, c)| *c != conns[0].1),
         "{conns:?}"
     );
+}
+
+/// At `--target-max-conns=1` the one slot is held by the idle connection a GET left; a
+/// WebSocket needs a connection of its own, so the idle one is closed to free the slot
+/// (it used to wait for the 90 s idle timeout), and the GET after it is served as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upgrade_at_the_connection_limit_closes_an_idle_connection_for_its_slot() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let app = testkit::backend::Backend::start("app").await;
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "app",
+            &app.target(),
+            &["--target-max-conns=1", "--target-idle-conn-timeout=1h"],
+        )
+        .await;
+    let reply = client().get(proxy.url("/")).send().await.expect("GET");
+    assert_eq!(reply.status(), 200);
+    let before = app.connections();
+
+    // Liveness, not speed: without the eviction the handshake waits the hour out.
+    let url = format!("ws://127.0.0.1:{}/ws", proxy.http_port);
+    let (mut ws, resp) = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio_tungstenite::connect_async(url),
+    )
+    .await
+    .expect("the upgrade got a slot")
+    .expect("websocket handshake");
+    assert_eq!(resp.status(), 101);
+    ws.send(Message::text("hello")).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("hello"));
+    assert_eq!(app.connections(), before + 1, "a connection of its own");
+    ws.close(None).await.unwrap();
+    drop(ws);
+
+    let reply = client().get(proxy.url("/")).send().await.expect("GET");
+    assert_eq!(reply.status(), 200);
 }

@@ -164,6 +164,17 @@ impl LoadBalancer {
         *self.status.borrow()
     }
 
+    /// How many healthy targets serve on the side of `target` (the readers when it is one,
+    /// else the writers): the targets a retry can still go to before it pauses.
+    pub fn healthy_alongside(&self, target: &Arc<Target>) -> usize {
+        let healthy = self.healthy.load();
+        if healthy.readers.iter().any(|r| Arc::ptr_eq(r, target)) {
+            healthy.readers.len()
+        } else {
+            healthy.writers.len()
+        }
+    }
+
     /// Picks a target: round robin, or smooth weighted round robin when weights differ.
     /// A read request prefers a healthy reader (the caller has already sent a client with
     /// a live writer cookie to the writers).

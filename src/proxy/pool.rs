@@ -12,8 +12,9 @@
 //! in it each target a [`TargetPool`]:
 //! - `--target-max-conns` is a semaphore whose permits the connections hold for their
 //!   whole life (connecting, busy and idle, as Go's `MaxConnsPerHost`); a request over it
-//!   waits for an idle connection or a free permit, whichever comes first. One limit per
-//!   target, whatever the path timeout or the worker thread.
+//!   waits for an idle connection or a free permit, whichever comes first, and one that
+//!   needs a connection of its own (an upgrade) closes the longest-idle one to free its
+//!   permit. One limit per target, whatever the path timeout or the worker thread.
 //! - `--target-max-idle-conns` idle connections at most; past it a connection closes.
 //! - `--target-idle-conn-timeout`: an idle connection is not taken past it, and a reaper
 //!   (one task per target, only while it has idle connections) closes it.
@@ -195,7 +196,7 @@ impl Pools {
         host: &Authority,
         reuse: Reuse,
     ) -> Result<(SendRequest<RequestBody>, bool), UpstreamError> {
-        loop {
+        'checkout: loop {
             if let Reuse::Pooled(limit) = reuse {
                 if let Some(sender) = target.take(limit) {
                     return Ok((sender, true));
@@ -211,12 +212,29 @@ impl Pools {
                             max_conns = ?self.settings.max_conns,
                             "Waiting for a connection to the target"
                         );
-                        // A connection coming back idle serves this request as well as a
-                        // new one would.
-                        let returned = target.returned.notified();
-                        tokio::select! {
-                            slot = slots.clone().acquire_owned() => slot.ok(),
-                            _ = returned => continue,
+                        match reuse {
+                            Reuse::Pooled(limit) => {
+                                // A connection coming back idle serves this request as well
+                                // as a new one would. Registered before looking again, so
+                                // a connection returned in between is not missed.
+                                let returned = target.returned.notified();
+                                let mut returned = std::pin::pin!(returned);
+                                returned.as_mut().enable();
+                                if let Some(sender) = target.take(limit) {
+                                    return Ok((sender, true));
+                                }
+                                tokio::select! {
+                                    slot = slots.clone().acquire_owned() => slot.ok(),
+                                    _ = returned => continue 'checkout,
+                                }
+                            }
+                            // A request that needs a connection of its own (an upgrade, a
+                            // fresh one) cannot use an idle one: closing the longest-idle
+                            // frees its slot, rather than waiting for the reaper or the app.
+                            Reuse::Fresh | Reuse::Upgrade => {
+                                drop(target.evict_oldest());
+                                slots.clone().acquire_owned().await.ok()
+                            }
                         }
                     }
                 },
@@ -316,6 +334,12 @@ impl TargetPool {
             }
         }
         None
+    }
+
+    /// Takes the longest-idle connection out of the pool (dropping it closes it).
+    fn evict_oldest(&self) -> Option<Idle> {
+        let mut idle = self.lock();
+        (!idle.conns.is_empty()).then(|| idle.conns.remove(0))
     }
 
     /// Returns a connection to the pool once hyper can send on it again: now, when its

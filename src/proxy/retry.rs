@@ -24,12 +24,12 @@
 //! answer begun: never.
 //!
 //! A body we streamed is consumed as hyper writes it, so only bodiless requests are re-sent
-//! by either rule. hyper-util itself re-sends a request (body included) that a pooled
-//! connection closed before hyper started writing it (`retry_canceled_requests`, on by
-//! default): that is the "nothing written" case it can see, and it never reaches us.
+//! by either rule. The pool ([`super::pool`]) itself re-sends a request (body included)
+//! that a reused connection refused before hyper started writing it (as hyper-util's
+//! `retry_canceled_requests` did): that "nothing written" case never reaches these rules.
 //!
-//! hyper-util's error says neither whether the connection was reused nor whether the
-//! response had begun, so [`Tracked`] watches the bytes: when a reused connection fails
+//! hyper's error says neither whether the connection was reused nor whether the response
+//! had begun, so [`Tracked`] watches the bytes: when a reused connection fails
 //! before the first response byte, the I/O error it reports carries a [`ReusedConnectionClosed`],
 //! which [`resend_after`] finds in the error chain. Nothing is allocated unless that happens.
 
@@ -355,7 +355,7 @@ impl<T: Connection> Connection for Tracked<T> {
     }
 }
 
-/// hyper-util's `HttpConnector`, its connections [`Tracked`].
+/// The pool's connector (hyper-util's `HttpConnector`), its connections [`Tracked`].
 #[derive(Clone)]
 pub(crate) struct TrackingConnector {
     inner: HttpConnector,

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::h1_timeouts::{Noted, Phase, ResponseOver, Watchdog};
 use super::idle::Counted;
 use super::limits::Timeouts;
-use super::normalize;
+use super::{AcceptBackoff, normalize};
 use crate::service::gates::client_ip::IpList;
 
 pub async fn serve(
@@ -31,10 +31,26 @@ pub async fn serve(
     // Our own watchdog keeps the header, idle and write timeouts apart.
     http1.timer(hyper_util::rt::TokioTimer::new());
     http1.header_read_timeout(None);
+    let mut backoff = AcceptBackoff::default();
     loop {
-        let (stream, peer) = tokio::select! {
-            a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
             _ = stop.cancelled() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => {
+                backoff.reset();
+                a
+            }
+            Err(e) => {
+                // A full descriptor table: pause instead of spinning, as the other listeners.
+                let (pause, log) = backoff.failed();
+                if let Some(failures) = log {
+                    tracing::error!(error = %e, failures, "Failed to accept metrics connection");
+                }
+                tokio::time::sleep(pause).await;
+                continue;
+            }
         };
         let admitted = allowed.is_empty() || allowed.contains(normalize(peer).ip());
         let http1 = http1.clone();

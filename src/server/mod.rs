@@ -161,7 +161,7 @@ pub(crate) fn http1_builder(limits: &Limits) -> hyper::server::conn::http1::Buil
 
 /// Accept failures (a full descriptor table, mostly): a growing pause between attempts,
 /// and a log line at most once a second counting the failures since the last one.
-struct AcceptBackoff {
+pub(crate) struct AcceptBackoff {
     pause: Duration,
     failures: u64,
     last_log: Option<tokio::time::Instant>,
@@ -181,12 +181,12 @@ impl AcceptBackoff {
     const FIRST: Duration = Duration::from_millis(5);
     const MAX: Duration = Duration::from_secs(1);
 
-    fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.pause = Self::FIRST;
     }
 
     /// How long to pause, and the failure count to log now (if a line is due).
-    fn failed(&mut self) -> (Duration, Option<u64>) {
+    pub(crate) fn failed(&mut self) -> (Duration, Option<u64>) {
         self.failures += 1;
         let pause = self.pause;
         self.pause = (self.pause * 2).min(Self::MAX);
