@@ -113,16 +113,17 @@ impl Service {
                 service: &self.name,
                 cookies,
             };
-            let Retry {
-                request,
-                exchange: back,
-                failure,
             // Boxed: `forward`'s future is about 5.9 KB, and held inline it made every
             // future above it (this one, `serve`, `handle`, the connection's service call)
             // that much larger, each moved whole once per request (about 9 KB copied at
             // hyper's `recv_msg` and again into the service block). One allocation is
             // cheaper than those copies (bench/README.md, "Where the time goes").
-            } = match Box::pin(forwarder.forward(req, up, exchange)).await {
+            let forwarded = Box::pin(forwarder.forward(req, up, exchange));
+            let Retry {
+                request,
+                exchange: back,
+                failure,
+            } = match forwarded.await {
                 Ok(response) => return response,
                 Err(retry) => *retry,
             };
