@@ -22,8 +22,8 @@ pub const DEFAULT_WAKE_TIMEOUT: GoDuration = GoDuration::from_secs(30);
 pub const DEFAULT_SESSION_AFFINITY_COOKIE: &str = "kamal-session";
 
 /// Go's `nil` slices are written as `null`; accept both.
-fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    Ok(Option::<Vec<String>>::deserialize(d)?.unwrap_or_default())
+fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
 /// Go writes a list that was never given (a nil slice) as `null`; so do we, so a file

@@ -131,13 +131,6 @@ impl LoadBalancer {
             .collect()
     }
 
-    pub fn reader_addresses(&self) -> Vec<String> {
-        self.readers
-            .iter()
-            .map(|t| t.address().to_string())
-            .collect()
-    }
-
     /// The writers with their weights, as deployed.
     pub fn writer_specs(&self) -> Vec<TargetSpec> {
         self.writers.iter().map(|t| t.spec()).collect()

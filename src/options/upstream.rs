@@ -9,8 +9,10 @@
 //! in the fork, a zero means "the default", resolved here and not by the CLI: a restored
 //! service, or one deployed by an older client, gets the same pool as a fresh deploy.
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+use super::{is_zero, null_as_empty};
 
 use crate::gotime::GoDuration;
 
@@ -22,15 +24,6 @@ pub const DEFAULT_TARGET_MAX_IDLE_CONNS: i64 = 100;
 pub const DEFAULT_TARGET_IDLE_CONN_TIMEOUT: GoDuration = GoDuration::from_secs(90);
 /// `--target-dial-timeout` when unset (fork F19).
 pub const DEFAULT_TARGET_DIAL_TIMEOUT: GoDuration = GoDuration::from_secs(30);
-
-fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
-    *v == T::default()
-}
-
-/// Go writes a nil slice as `null`.
-fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
-    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
-}
 
 // === Retries and the hold for a healthy target (fork F18) ===
 

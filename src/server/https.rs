@@ -113,12 +113,11 @@ async fn serve_connection(
     draining: CancellationToken,
 ) {
     // The PROXY header comes before the ClientHello.
-    let client = match &https.proxy.proxy_protocol {
-        None => client,
-        Some(pp) => match pp.client(&mut stream, client).await {
-            Some(named) => named,
-            None => return,
-        },
+    let Some(client) =
+        super::proxy_protocol::client_of(https.proxy.proxy_protocol.as_ref(), &mut stream, client)
+            .await
+    else {
+        return;
     };
     let _ = stream.set_nodelay(true);
     let handshake_timeout = https.handshake_timeout;

@@ -295,12 +295,10 @@ async fn serve_connection(
     http1: hyper::server::conn::http1::Builder,
     draining: CancellationToken,
 ) {
-    let client = match &proxy.proxy_protocol {
-        None => client,
-        Some(pp) => match pp.client(&mut stream, client).await {
-            Some(named) => named,
-            None => return,
-        },
+    let Some(client) =
+        proxy_protocol::client_of(proxy.proxy_protocol.as_ref(), &mut stream, client).await
+    else {
+        return;
     };
     let _ = stream.set_nodelay(true);
     let conn = Conn {

@@ -186,6 +186,19 @@ fn parse_v2(bytes: &[u8]) -> Parsed {
     }
 }
 
+/// The client of a connection accepted from `peer` on a listener with `protocol` (its
+/// `--proxy-protocol` setting): `peer` itself when it is off. `None`: close the connection.
+pub async fn client_of(
+    protocol: Option<&ProxyProtocol>,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+) -> Option<SocketAddr> {
+    match protocol {
+        None => Some(peer),
+        Some(pp) => pp.client(stream, peer).await,
+    }
+}
+
 /// `--proxy-protocol` and its `--proxy-protocol-allow-ip`.
 pub struct ProxyProtocol {
     allowed: IpList,
