@@ -4,7 +4,7 @@
 //! cases. Proxy-made answers never carry the writer cookie.
 
 use std::time::{SystemTime, UNIX_EPOCH};
-use testkit::{Proxy, Reply, backend::Backend, client, poll_until};
+use testkit::{Proxy, Reply, backend::Backend, client, poll_until, send_with_cookie};
 
 /// `method path` with optional `Host` and `Cookie` headers.
 async fn send(
@@ -14,19 +14,9 @@ async fn send(
     host: Option<&str>,
     cookie: Option<&str>,
 ) -> Reply {
-    let mut req = client().request(method, proxy.url(path));
-    if let Some(h) = host {
-        req = req.header("host", h);
-    }
-    if let Some(c) = cookie {
-        req = req.header("cookie", c);
-    }
-    let resp = req.send().await.expect("request");
-    Reply {
-        status: resp.status().as_u16(),
-        headers: resp.headers().clone(),
-        body: resp.text().await.expect("body"),
-    }
+    send_with_cookie(&client(), method, &proxy.url(path), host, cookie)
+        .await
+        .expect("request")
 }
 
 fn set_cookies(r: &Reply) -> Vec<String> {

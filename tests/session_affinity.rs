@@ -8,20 +8,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use testkit::docker::{self, TestContainer};
 use testkit::pebble::self_signed;
-use testkit::{Proxy, Reply, backend::Backend, client};
+use testkit::{Proxy, Reply, backend::Backend, client, send_with_cookie};
 
 /// `method path` with an optional `Cookie` header.
 async fn send(proxy: &Proxy, method: reqwest::Method, path: &str, cookie: Option<&str>) -> Reply {
-    let mut req = client().request(method, proxy.url(path));
-    if let Some(c) = cookie {
-        req = req.header("cookie", c);
-    }
-    let resp = req.send().await.expect("request");
-    Reply {
-        status: resp.status().as_u16(),
-        headers: resp.headers().clone(),
-        body: resp.text().await.expect("body"),
-    }
+    send_with_cookie(&client(), method, &proxy.url(path), None, cookie)
+        .await
+        .expect("request")
 }
 
 async fn get(proxy: &Proxy, cookie: Option<&str>) -> Reply {

@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 use testkit::go_state::{GO_FIXTURE, as_go_reads_it, check_go_decodable};
-use testkit::{Proxy, Reply, backend::Backend, client};
+use testkit::{Proxy, Reply, backend::Backend, client, send_with_cookie};
 
 async fn send(
     http: &reqwest::Client,
@@ -13,16 +13,9 @@ async fn send(
     method: reqwest::Method,
     cookie: Option<&str>,
 ) -> Reply {
-    let mut req = http.request(method, proxy.url("/"));
-    if let Some(c) = cookie {
-        req = req.header("cookie", c);
-    }
-    let resp = req.send().await.expect("request");
-    Reply {
-        status: resp.status().as_u16(),
-        headers: resp.headers().clone(),
-        body: resp.text().await.expect("body"),
-    }
+    send_with_cookie(http, method, &proxy.url("/"), None, cookie)
+        .await
+        .expect("request")
 }
 
 /// Sends `n` requests one after another on one client (its connections kept, as a

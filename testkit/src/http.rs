@@ -34,9 +34,23 @@ pub async fn send(
     url: &str,
     host: Option<&str>,
 ) -> Result<Reply, reqwest::Error> {
+    send_with_cookie(client, method, url, host, None).await
+}
+
+/// [`send`] with a `Cookie` header when `cookie` is given.
+pub async fn send_with_cookie(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    host: Option<&str>,
+    cookie: Option<&str>,
+) -> Result<Reply, reqwest::Error> {
     let mut req = client.request(method, url);
     if let Some(h) = host {
         req = req.header(reqwest::header::HOST, h);
+    }
+    if let Some(c) = cookie {
+        req = req.header(reqwest::header::COOKIE, c);
     }
     let resp = req.send().await?;
     let status = resp.status().as_u16();

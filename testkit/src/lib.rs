@@ -20,7 +20,7 @@ mod proxy;
 pub mod raw;
 pub mod tls;
 
-pub use http::{Reply, client, send, strip_ansi};
+pub use http::{Reply, client, send, send_with_cookie, strip_ansi};
 pub use poll::{Check, poll_until};
 pub use ports::{free_port, free_udp_port};
 pub use process::{Ports, bin};
