@@ -35,6 +35,11 @@ C1_DURATION="${C1_DURATION:-5}"
 WARMUP="${WARMUP:-1}"
 CONNECTIONS="${CONNECTIONS:-64}"
 IDLE_CONNS="${IDLE_CONNS:-10000}"
+if [[ -n "${PIN:-}" && -z "${SETTINGS:-}" ]]; then
+    # PIN was the knob before the two settings: PIN=0 meant the unpinned run.
+    [[ "$PIN" == 0 ]] && SETTINGS=unpinned || SETTINGS=pinned
+    echo "bench: PIN=$PIN is obsolete; running SETTINGS=$SETTINGS (the default runs both)" >&2
+fi
 SETTINGS="${SETTINGS:-pinned unpinned}"
 KP_STDOUT="${KP_STDOUT:-}"
 BASE_PORT="${BASE_PORT:-18400}"
