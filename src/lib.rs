@@ -15,3 +15,4 @@ pub mod router;
 pub mod server;
 pub mod service;
 pub mod tls;
+pub mod worker;

@@ -286,12 +286,18 @@ async fn without_keep_alives_each_request_has_a_connection_of_its_own() {
     let app = FlakyBackend::start().await;
     let proxy = Proxy::start().await;
     proxy.deploy("app", &app.target(), &[]).await;
+    // One client connection: it is served by one worker thread, whose idle upstream
+    // connection each request reuses (each worker keeps its own, src/worker.rs).
+    let client = client();
     for i in 0..5 {
-        let seq = format!("k{i}");
-        assert_eq!(
-            request(&proxy, reqwest::Method::GET, "/a", &seq).await.0,
-            200
-        );
+        let response = client
+            .get(proxy.url("/a"))
+            .header("x-seq", format!("k{i}"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 200);
+        response.bytes().await.expect("body");
     }
     assert_eq!(app.app_connections(), 1, "kept alive by default");
 
@@ -626,12 +632,20 @@ async fn a_connection_that_carried_a_large_head_is_not_kept_idle() {
     let app = FlakyBackend::start().await;
     let proxy = Proxy::start().await;
     proxy.deploy("app", &app.target(), &[]).await;
+    // Every request on one client connection, so one worker thread serves them all and
+    // they share its upstream connections (each worker keeps its own, src/worker.rs).
+    let client = client();
+    let get = |path: &str, seq: String, pad: usize| {
+        client
+            .get(proxy.url(path))
+            .header("x-seq", seq)
+            .header("x-pad", "x".repeat(pad))
+            .send()
+    };
     for i in 0..3 {
-        let seq = format!("small{i}");
-        assert_eq!(
-            request(&proxy, reqwest::Method::GET, "/a", &seq).await.0,
-            200
-        );
+        let response = get("/a", format!("small{i}"), 0).await.expect("request");
+        assert_eq!(response.status(), 200);
+        response.bytes().await.expect("body");
     }
     assert_eq!(
         app.app_connections(),
@@ -639,22 +653,17 @@ async fn a_connection_that_carried_a_large_head_is_not_kept_idle() {
         "ordinary heads share one connection"
     );
 
-    let large = client()
-        .get(proxy.url("/large"))
-        .header("x-seq", "large")
-        .header("x-pad", "x".repeat(20 * 1024))
-        .send()
+    let large = get("/large", "large".into(), 20 * 1024)
         .await
         .expect("request");
     assert_eq!(large.status(), 200);
+    large.bytes().await.expect("body");
     // It went on the pooled connection, which then closed: the next request needs a new one,
     // and the one after reuses that.
     for i in 0..3 {
-        let seq = format!("after{i}");
-        assert_eq!(
-            request(&proxy, reqwest::Method::GET, "/b", &seq).await.0,
-            200
-        );
+        let response = get("/b", format!("after{i}"), 0).await.expect("request");
+        assert_eq!(response.status(), 200);
+        response.bytes().await.expect("body");
     }
     let conns: Vec<(String, usize)> = app
         .requests()

@@ -14,6 +14,7 @@ use crate::router::{RestorePolicy, Router};
 use crate::server::handover::{self, HandoverListener, Inherited, Role};
 use crate::server::limits::{self, ConnectionSlots, Limits, Timeouts};
 use crate::server::proxy_protocol::{self, ProxyProtocol};
+use crate::server::workers::Workers;
 use crate::server::{self, Proxy, Shutdown};
 use crate::service::gates::client_ip::IpList;
 
@@ -170,7 +171,19 @@ pub fn run(args: RunArgs) -> i32 {
             return 1;
         }
     };
-    let result = runtime.block_on(serve(args));
+    // The listeners' own runtimes (server/workers.rs); started before the state is
+    // restored, because per-worker state is sized by their number.
+    let (workers, threads) = match Workers::start(Workers::default_count()) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            return 1;
+        }
+    };
+    let result = runtime.block_on(serve(args, workers.clone()));
+    workers.stop();
+    drop(runtime);
+    threads.join();
     match result {
         Ok(()) => 0,
         Err(e) => {
@@ -185,7 +198,7 @@ fn limit(d: GoDuration) -> Option<std::time::Duration> {
     d.is_positive().then(|| d.to_std())
 }
 
-async fn serve(args: RunArgs) -> Result<(), String> {
+async fn serve(args: RunArgs, workers: Workers) -> Result<(), String> {
     // Dev-dependencies can compile a second provider in; never let rustls guess.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     // Checked before anything starts, even when the feature they belong to is off (as
@@ -382,6 +395,7 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         http,
         proxy.clone(),
         shutdown.clone(),
+        workers.clone(),
     ))];
     tasks.push(tokio::spawn(server::trim::after_bursts(
         proxy.slots.clone(),
@@ -400,6 +414,7 @@ async fn serve(args: RunArgs) -> Result<(), String> {
         https,
         https_shared,
         shutdown.clone(),
+        workers,
     )));
     // The ports actually bound, so a caller that passed 0 learns them from this line.
     match metrics_port {

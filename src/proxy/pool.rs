@@ -5,8 +5,8 @@
 //! SipHash, a race between the pool and a lazily built connect future, large futures
 //! moved between layers, and a task spawned to return a connection whose body is still
 //! streaming. This pool does what the proxy needs and no more: HTTP/1.1 only (targets
-//! speak nothing else here), and per target a short list of idle connections under a
-//! mutex of its own, held for a push or a pop.
+//! speak nothing else here), and per target and worker thread a short list of idle
+//! connections under a mutex of its own, held for a push or a pop.
 //!
 //! Each service has its own [`Pools`], built from its deploy's pool flags (fork F19), and
 //! in it each target a [`TargetPool`]:
@@ -15,9 +15,15 @@
 //!   waits for an idle connection or a free permit, whichever comes first, and one that
 //!   needs a connection of its own (an upgrade) closes the longest-idle one to free its
 //!   permit. One limit per target, whatever the path timeout or the worker thread.
-//! - `--target-max-idle-conns` idle connections at most; past it a connection closes.
+//! - `--target-max-idle-conns` idle connections at most, all workers together; past it a
+//!   connection closes.
+//! - Idle connections wait in the list of the worker thread that opened them
+//!   ([`crate::worker`]): hyper drives a connection in a task on the thread that opened
+//!   it, so a request that took another thread's connection would wake that thread for
+//!   every read and write. A request takes its own worker's connections; only one that
+//!   waits at the connection limit takes any worker's.
 //! - `--target-idle-conn-timeout`: an idle connection is not taken past it, and a reaper
-//!   (one task per target, only while it has idle connections) closes it.
+//!   (one task per target and worker, only while it has idle connections) closes it.
 //! - `--target-dial-timeout` bounds connecting (name resolution included).
 //!
 //! Kept from hyper-util: a request refused by a reused connection before any of it was
@@ -167,7 +173,10 @@ impl Pools {
             .max_conns
             .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS))));
         let made = Arc::new(TargetPool {
-            idle: Mutex::default(),
+            idle: (0..crate::worker::count())
+                .map(|_| Mutex::default())
+                .collect(),
+            idle_count: AtomicUsize::new(0),
             slots,
             returned: Notify::new(),
             open: AtomicUsize::new(0),
@@ -198,7 +207,7 @@ impl Pools {
     ) -> Result<(SendRequest<RequestBody>, bool), UpstreamError> {
         'checkout: loop {
             if let Reuse::Pooled(limit) = reuse {
-                if let Some(sender) = target.take(limit) {
+                if let Some(sender) = target.take(crate::worker::index(), limit) {
                     return Ok((sender, true));
                 }
             }
@@ -220,7 +229,7 @@ impl Pools {
                                 let returned = target.returned.notified();
                                 let mut returned = std::pin::pin!(returned);
                                 returned.as_mut().enable();
-                                if let Some(sender) = target.take(limit) {
+                                if let Some(sender) = target.take_any(limit) {
                                     return Ok((sender, true));
                                 }
                                 tokio::select! {
@@ -292,7 +301,10 @@ impl Pools {
 
 /// One target's connections within a service's [`Pools`].
 struct TargetPool {
-    idle: Mutex<IdleList>,
+    /// One list per worker thread.
+    idle: Box<[Mutex<IdleList>]>,
+    /// Idle connections in all the lists, for `--target-max-idle-conns`.
+    idle_count: AtomicUsize,
     /// `--target-max-conns`: one permit per open connection.
     slots: Option<Arc<Semaphore>>,
     /// A connection went back to the idle list: a request waiting for a slot may take it.
@@ -315,17 +327,20 @@ struct Idle {
 }
 
 impl TargetPool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, IdleList> {
+    fn lock(&self, list: usize) -> std::sync::MutexGuard<'_, IdleList> {
         // A list of connections holds no invariant a panic could break.
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+        self.idle[list % self.idle.len()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The most recently used idle connection, idle for less than `limit`, that can take
-    /// a request.
-    fn take(&self, limit: Duration) -> Option<SendRequest<RequestBody>> {
+    /// The most recently used connection in worker `list`'s list, idle for less than
+    /// `limit`, that can take a request.
+    fn take(&self, list: usize, limit: Duration) -> Option<SendRequest<RequestBody>> {
         let now = Instant::now();
-        let mut idle = self.lock();
+        let mut idle = self.lock(list);
         while let Some(conn) = idle.conns.pop() {
+            self.idle_count.fetch_sub(1, Ordering::Relaxed);
             if now.duration_since(conn.since) < limit
                 && conn.sender.is_ready()
                 && !conn.sender.is_closed()
@@ -336,10 +351,22 @@ impl TargetPool {
         None
     }
 
+    /// As [`TargetPool::take`], this worker's list first, then the others'.
+    fn take_any(&self, limit: Duration) -> Option<SendRequest<RequestBody>> {
+        let own = crate::worker::index();
+        (0..self.idle.len()).find_map(|i| self.take((own + i) % self.idle.len(), limit))
+    }
+
     /// Takes the longest-idle connection out of the pool (dropping it closes it).
     fn evict_oldest(&self) -> Option<Idle> {
-        let mut idle = self.lock();
-        (!idle.conns.is_empty()).then(|| idle.conns.remove(0))
+        let oldest = (0..self.idle.len())
+            .filter_map(|i| self.lock(i).conns.first().map(|c| (c.since, i)))
+            .min()?;
+        let mut idle = self.lock(oldest.1);
+        (!idle.conns.is_empty()).then(|| {
+            self.idle_count.fetch_sub(1, Ordering::Relaxed);
+            idle.conns.remove(0)
+        })
     }
 
     /// Returns a connection to the pool once hyper can send on it again: now, when its
@@ -357,35 +384,51 @@ impl TargetPool {
         }
     }
 
+    /// Into this worker's list: the thread that opened the connection drives it, and
+    /// a request is served on the thread that accepted it, so this is also the thread
+    /// that drives it.
     fn put(self: Arc<Self>, sender: SendRequest<RequestBody>) {
-        let since = Instant::now();
-        let mut idle = self.lock();
         // Past the limit the connection closes as the sender drops.
-        if idle.conns.len() >= self.settings.max_idle {
+        if self.idle_count.fetch_add(1, Ordering::Relaxed) >= self.settings.max_idle {
+            self.idle_count.fetch_sub(1, Ordering::Relaxed);
             return;
         }
+        let since = Instant::now();
+        let list = crate::worker::index() % self.idle.len();
+        let mut idle = self.lock(list);
         idle.conns.push(Idle { sender, since });
         if !idle.reaping {
             idle.reaping = true;
-            tokio::spawn(reap(Arc::downgrade(&self), self.settings.idle_timeout));
+            tokio::spawn(reap(
+                Arc::downgrade(&self),
+                list,
+                self.settings.idle_timeout,
+            ));
         }
         drop(idle);
-        self.returned.notify_one();
+        // Only a request waiting at `--target-max-conns` listens.
+        if self.slots.is_some() {
+            self.returned.notify_one();
+        }
     }
 }
 
 /// Closes connections idle for `timeout` (a dropped sender closes its connection), while
 /// the target has idle connections.
-async fn reap(target: Weak<TargetPool>, timeout: Duration) {
+async fn reap(target: Weak<TargetPool>, list: usize, timeout: Duration) {
     loop {
         let next = {
             let Some(target) = target.upgrade() else {
                 return;
             };
             let now = Instant::now();
-            let mut idle = target.lock();
+            let mut idle = target.lock(list);
+            let before = idle.conns.len();
             idle.conns
                 .retain(|c| now.duration_since(c.since) < timeout && !c.sender.is_closed());
+            target
+                .idle_count
+                .fetch_sub(before - idle.conns.len(), Ordering::Relaxed);
             match idle.conns.iter().map(|c| c.since).min() {
                 Some(oldest) => oldest + timeout,
                 None => {

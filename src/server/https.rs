@@ -18,10 +18,9 @@ use super::certificates::{TlsResolver, offers_acme_tls, prepare};
 use super::chunk_guard::ChunkGuard;
 use super::h1_timeouts::{Noted, Phase, ResponseOver, Watchdog};
 use super::idle::{Activity, Counted};
+use super::workers::Workers;
 use super::write_deadline::{WriteDeadline, WriteTimedOut};
-use super::{
-    FirstRequest, Proxy, Shutdown, accept_loop, drive_h1, handle, http1_builder, normalize,
-};
+use super::{FirstRequest, Proxy, Shutdown, drive_h1, handle, http1_builder, normalize};
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
 
@@ -78,15 +77,23 @@ impl Https {
     }
 }
 
-pub async fn serve_https(listener: TcpListener, https: Arc<Https>, shutdown: Arc<Shutdown>) {
+pub async fn serve_https(
+    listener: TcpListener,
+    https: Arc<Https>,
+    shutdown: Arc<Shutdown>,
+    workers: Workers,
+) {
     let slots = https.proxy.slots.clone();
-    accept_loop(
-        listener,
-        &slots,
-        shutdown,
-        move |stream, client, draining| serve_connection(stream, client, https.clone(), draining),
-    )
-    .await
+    workers
+        .accept(
+            listener,
+            slots,
+            shutdown,
+            move |stream, client, draining| {
+                serve_connection(stream, client, https.clone(), draining)
+            },
+        )
+        .await
 }
 
 /// Go's check for plain HTTP on a TLS port (a TLS record starts with 0x16).

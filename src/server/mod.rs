@@ -27,6 +27,7 @@ pub mod metrics_listener;
 pub mod proxy_protocol;
 pub mod shutdown;
 pub mod trim;
+pub mod workers;
 mod write_deadline;
 
 pub use shutdown::{DEFAULT_SHUTDOWN_TIMEOUT, FirstRequest, Shutdown};
@@ -126,20 +127,26 @@ fn io_text(e: &std::io::Error) -> String {
     }
 }
 
-/// Serves plain HTTP/1.x (upstream's HTTP port speaks no h2c) until the shutdown
-/// begins, then lets in-flight requests finish within its grace period.
-pub async fn serve_http(listener: TcpListener, proxy: Arc<Proxy>, shutdown: Arc<Shutdown>) {
+/// Serves plain HTTP/1.x (upstream's HTTP port speaks no h2c) on every worker until the
+/// shutdown begins, then lets in-flight requests finish within its grace period.
+pub async fn serve_http(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    shutdown: Arc<Shutdown>,
+    workers: workers::Workers,
+) {
     let slots = proxy.slots.clone();
     let http1 = http1_builder(&proxy.limits);
-    accept_loop(
-        listener,
-        &slots,
-        shutdown,
-        move |stream, client, draining| {
-            serve_connection(stream, client, proxy.clone(), http1.clone(), draining)
-        },
-    )
-    .await
+    workers
+        .accept(
+            listener,
+            slots,
+            shutdown,
+            move |stream, client, draining| {
+                serve_connection(stream, client, proxy.clone(), http1.clone(), draining)
+            },
+        )
+        .await
 }
 
 /// HTTP/1.x as every listener serves it: request heads up to `--max-request-header-size`
@@ -205,13 +212,14 @@ impl AcceptBackoff {
 /// Accepts connections until the shutdown begins and serves each with `serve`; then
 /// closes the listener (a socket handed to a newer generation stays open there, its
 /// queue included), cancels the `draining` token every connection got and waits up to
-/// the shutdown's grace period for them to close.
+/// the shutdown's grace period for them to close. `false`: some were still open then.
 pub async fn accept_loop<F, Fut>(
     listener: TcpListener,
     slots: &ConnectionSlots,
     shutdown: Arc<Shutdown>,
     serve: F,
-) where
+) -> bool
+where
     F: Fn(TcpStream, SocketAddr, CancellationToken) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -279,12 +287,9 @@ pub async fn accept_loop<F, Fut>(
     drop(open_tx);
     draining.cancel();
     // recv() returns None once every connection task has dropped its sender.
-    if tokio::time::timeout(shutdown.grace(), open_rx.recv())
+    tokio::time::timeout(shutdown.grace(), open_rx.recv())
         .await
-        .is_err()
-    {
-        tracing::warn!("Closing active connections");
-    }
+        .is_ok()
 }
 
 /// Serves one HTTP/1.x connection on the HTTP port.
