@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
 use tokio::time::Instant;
 
-use super::log::{self, json_escape_into};
+use super::log::{self, json_escape_bytes_into, json_escape_into};
 use super::text::{IpText, push_i64, push_u64};
 
 /// Logged when the client disconnected before a response was ready (nginx's convention,
@@ -174,12 +174,7 @@ fn quoted(s: &mut String, text: &str) {
 
 /// A header value as a JSON string (empty when absent; invalid UTF-8 replaced).
 fn escape_value(out: &mut String, v: Option<&HeaderValue>) {
-    let bytes = v.map_or(&b""[..], HeaderValue::as_bytes);
-    match std::str::from_utf8(bytes) {
-        // The usual case: no replacement, so no copy.
-        Ok(text) => json_escape_into(out, text),
-        Err(_) => json_escape_into(out, &String::from_utf8_lossy(bytes)),
-    }
+    json_escape_bytes_into(out, v.map_or(&b""[..], HeaderValue::as_bytes));
 }
 
 /// The path as upstream logs it (Go's `URL.Path`): percent-escapes decoded.

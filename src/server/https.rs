@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::LazyConfigAcceptor;
-use tokio_util::sync::CancellationToken;
 
 use super::certificates::{TlsResolver, offers_acme_tls, prepare};
 use super::chunk_guard::ChunkGuard;
@@ -20,7 +19,7 @@ use super::h1_timeouts::{Noted, Phase, ResponseOver, Watchdog};
 use super::idle::{Activity, Counted};
 use super::workers::Workers;
 use super::write_deadline::{WriteDeadline, WriteTimedOut};
-use super::{FirstRequest, Proxy, Shutdown, drive_h1, handle, http1_builder, normalize};
+use super::{Drain, FirstRequest, Proxy, Shutdown, drive_h1, handle, http1_builder, normalize};
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
 
@@ -117,7 +116,7 @@ async fn serve_connection(
     mut stream: TcpStream,
     client: SocketAddr,
     https: Arc<Https>,
-    draining: CancellationToken,
+    draining: Drain,
 ) {
     // The PROXY header comes before the ClientHello.
     let Some(client) =
@@ -203,7 +202,7 @@ async fn serve_h2<I>(
     io: I,
     https: Arc<Https>,
     conn: Conn,
-    draining: CancellationToken,
+    draining: Drain,
     first: Arc<FirstRequest>,
 ) -> hyper::Result<()>
 where
@@ -248,7 +247,7 @@ where
     let mut idle = std::pin::pin!(idle);
     // A connection handed over before its first request still gets it served.
     let drained = async {
-        draining.cancelled().await;
+        draining.started_wait().await;
         first.wait().await;
     };
     let mut drained = std::pin::pin!(drained);

@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 
 mod acme_http01;
 pub mod certificates;
@@ -30,7 +29,7 @@ pub mod trim;
 pub mod workers;
 mod write_deadline;
 
-pub use shutdown::{DEFAULT_SHUTDOWN_TIMEOUT, FirstRequest, Shutdown};
+pub use shutdown::{DEFAULT_SHUTDOWN_TIMEOUT, Drain, FirstRequest, Shutdown};
 
 use crate::observe::access::{AccessRecord, header_values, no_logged_headers};
 use crate::proxy::Forwarder;
@@ -211,7 +210,7 @@ impl AcceptBackoff {
 
 /// Accepts connections until the shutdown begins and serves each with `serve`; then
 /// closes the listener (a socket handed to a newer generation stays open there, its
-/// queue included), cancels the `draining` token every connection got and waits up to
+/// queue included), starts the [`Drain`] every connection got and waits up to
 /// the shutdown's grace period for them to close. `false`: some were still open then.
 pub async fn accept_loop<F, Fut>(
     listener: TcpListener,
@@ -221,12 +220,12 @@ pub async fn accept_loop<F, Fut>(
     serve: F,
 ) -> bool
 where
-    F: Fn(TcpStream, SocketAddr, CancellationToken) -> Fut,
+    F: Fn(TcpStream, SocketAddr, Drain) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     // Connections in flight; each holds a clone of the sender until it closes.
     let (open_tx, mut open_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let draining = CancellationToken::new();
+    let draining = Drain::default();
     let mut backoff = AcceptBackoff::default();
     let mut full_logged: Option<tokio::time::Instant> = None;
     let stop = shutdown.stopping();
@@ -295,7 +294,7 @@ where
     }
     drop(listener);
     drop(open_tx);
-    draining.cancel();
+    draining.start();
     // recv() returns None once every connection task has dropped its sender.
     tokio::time::timeout(shutdown.grace(), open_rx.recv())
         .await
@@ -308,7 +307,7 @@ async fn serve_connection(
     client: SocketAddr,
     proxy: Arc<Proxy>,
     http1: hyper::server::conn::http1::Builder,
-    draining: CancellationToken,
+    draining: Drain,
 ) {
     let Some(client) =
         proxy_protocol::client_of(proxy.proxy_protocol.as_ref(), &mut stream, client).await
@@ -345,7 +344,7 @@ async fn serve_connection(
 pub(crate) async fn drive_h1<I, S, B>(
     connection: hyper::server::conn::http1::UpgradeableConnection<I, S>,
     watchdog: Watchdog,
-    draining: &CancellationToken,
+    draining: &Drain,
     first: &FirstRequest,
     client: SocketAddr,
 ) where
@@ -359,7 +358,7 @@ pub(crate) async fn drive_h1<I, S, B>(
     let mut watchdog = std::pin::pin!(watchdog);
     // A connection handed over before its first request still gets it served.
     let drained = async {
-        draining.cancelled().await;
+        draining.started_wait().await;
         first.wait().await;
     };
     let mut drained = std::pin::pin!(drained);

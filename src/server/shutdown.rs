@@ -112,9 +112,94 @@ impl FirstRequest {
     }
 }
 
+/// A listener's word to its connections that it is draining: each finishes the request in
+/// flight and closes. A connection's task checks it every time it runs (at least twice a
+/// request), so after the first poll a check is one atomic load; a `CancellationToken`
+/// takes two locks for it (its own, then its `Notify`'s).
+#[derive(Clone, Default)]
+pub struct Drain(std::sync::Arc<DrainState>);
+
+#[derive(Default)]
+struct DrainState {
+    started: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Drain {
+    pub fn start(&self) {
+        self.0
+            .started
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.0.notify.notify_waiters();
+    }
+
+    fn started(&self) -> bool {
+        self.0.started.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Resolves once the drain has started. For one task: it keeps the waker of its first
+    /// poll (a task's waker does not change), instead of taking the `Notify`'s lock again on
+    /// every poll to compare it.
+    pub fn started_wait(&self) -> DrainWait<'_> {
+        DrainWait {
+            drain: self,
+            // Created now, so a `start` from here on is seen even before the first poll.
+            notified: self.0.notify.notified(),
+            registered: false,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`Drain::started_wait`].
+    pub struct DrainWait<'a> {
+        drain: &'a Drain,
+        #[pin]
+        notified: tokio::sync::futures::Notified<'a>,
+        registered: bool,
+    }
+}
+
+impl std::future::Future for DrainWait<'_> {
+    type Output = ();
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let this = self.project();
+        if this.drain.started() {
+            return std::task::Poll::Ready(());
+        }
+        if !*this.registered {
+            *this.registered = true;
+            if this.notified.poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_drain_wakes_a_connection_waiting_for_it_and_is_seen_by_later_ones() {
+        let drain = Drain::default();
+        let waiting = tokio::spawn({
+            let drain = drain.clone();
+            async move { drain.started_wait().await }
+        });
+        // Polled once (registered), then the drain starts: the waiting task wakes.
+        tokio::task::yield_now().await;
+        let before_first_poll = drain.started_wait();
+        drain.start();
+        waiting.await.expect("woken");
+        before_first_poll.await;
+        drain.started_wait().await;
+    }
     use std::sync::Arc;
 
     #[tokio::test(start_paused = true)]

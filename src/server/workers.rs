@@ -28,7 +28,7 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use super::limits::ConnectionSlots;
-use super::{Shutdown, accept_loop};
+use super::{Drain, Shutdown, accept_loop};
 
 /// The worker threads; cloning shares them.
 #[derive(Clone)]
@@ -107,7 +107,7 @@ impl Workers {
         shutdown: Arc<Shutdown>,
         serve: F,
     ) where
-        F: Fn(TcpStream, SocketAddr, CancellationToken) -> Fut + Clone + Send + 'static,
+        F: Fn(TcpStream, SocketAddr, Drain) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let listener = match listener.into_std() {

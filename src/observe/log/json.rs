@@ -20,7 +20,7 @@ impl<W: fmt::Write + ?Sized> fmt::Write for Escaping<'_, W> {
 pub fn json_escape_into(out: &mut String, s: &str) {
     // Nearly every value of an access line (host, path, ids, user agent) has nothing to
     // escape: a test the compiler vectorises, and one copy with the quotes.
-    if !s.bytes().any(needs_escape) {
+    if plain(s.as_bytes()) {
         out.reserve(s.len() + 2);
         out.push('"');
         out.push_str(s);
@@ -31,6 +31,29 @@ pub fn json_escape_into(out: &mut String, s: &str) {
     // Writing to a String cannot fail.
     let _ = write_escaped(out, s);
     out.push('"');
+}
+
+/// Appends header bytes as a JSON string: as they are when they are plain ASCII (no
+/// UTF-8 check needed), else decoded as UTF-8 (invalid sequences replaced) and escaped.
+pub fn json_escape_bytes_into(out: &mut String, bytes: &[u8]) {
+    if plain(bytes) {
+        out.reserve(bytes.len() + 2);
+        out.push('"');
+        // SAFETY: `plain` bytes are all ASCII, which is valid UTF-8.
+        out.push_str(unsafe { std::str::from_utf8_unchecked(bytes) });
+        out.push('"');
+        return;
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(text) => json_escape_into(out, text),
+        Err(_) => json_escape_into(out, &String::from_utf8_lossy(bytes)),
+    }
+}
+
+/// Nothing in `bytes` to escape, and all of it ASCII. A fold rather than `any`, so the
+/// loop has no early exit and is vectorised (values are short; most are plain).
+fn plain(bytes: &[u8]) -> bool {
+    !bytes.iter().fold(false, |seen, &b| seen | needs_escape(b))
 }
 
 /// A byte [`write_escaped`] may have to replace: a quote, a backslash, a control character, or the

@@ -53,7 +53,7 @@ mod time;
 
 pub use batch::{flush_thread, thread_idle, thread_stopping, write_line};
 pub use event::SlogJson;
-pub use json::json_escape_into;
+pub use json::{json_escape_bytes_into, json_escape_into};
 pub use time::{push_rfc3339_nano_utc, rfc3339_nano_utc};
 
 use tracing::{Level, Subscriber};

@@ -266,6 +266,22 @@ fn escape_roundtrips_every_char_class() {
 }
 
 #[test]
+fn header_bytes_are_escaped_as_text_and_invalid_utf8_replaced() {
+    for (bytes, want) in [
+        (&b"curl/8.5.0"[..], r#""curl/8.5.0""#),
+        (&b""[..], r#""""#),
+        (&b"a\"b\\c"[..], r#""a\"b\\c""#),
+        ("caf\u{e9}".as_bytes(), "\"caf\u{e9}\""),
+        (&b"bad\xff"[..], "\"bad\u{fffd}\""),
+        (&b"tab\t"[..], r#""tab\t""#),
+    ] {
+        let mut out = String::new();
+        json_escape_bytes_into(&mut out, bytes);
+        assert_eq!(out, want, "{bytes:?}");
+    }
+}
+
+#[test]
 fn json_escape_into_appends_literal() {
     let mut out = String::from("\"k\":");
     json_escape_into(&mut out, "a\"b");
