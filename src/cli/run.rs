@@ -157,7 +157,11 @@ fn max_header_size(s: &str) -> Result<usize, String> {
 
 pub fn run(args: RunArgs) -> i32 {
     let _log_guard = crate::observe::log::init(args.debug);
+    // The control side (control socket, deploys and health checks, scale-to-zero, ACME,
+    // metrics, HTTP/3): light work, two threads whatever the host. The listeners have
+    // their own runtimes (server/workers.rs).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         // Access lines wait in a per-worker batch until the worker goes idle (or the batch
         // fills): one hand-over to the log writer per burst instead of one per request.

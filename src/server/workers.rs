@@ -63,9 +63,9 @@ impl Workers {
         for index in 0..count {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                // As on the main runtime: access lines wait in this thread's batch until
-                // it goes idle (observe/log/batch.rs).
-                .on_thread_park(crate::observe::log::thread_idle)
+                // Access lines wait in this thread's batch, handed to the log writer at most
+                // every 100 ms or when it fills (observe/log/batch.rs).
+                .on_thread_park(crate::observe::log::worker_idle)
                 .build()?;
             runtimes.push(runtime.handle().clone());
             let stop = stop.clone();

@@ -7,6 +7,12 @@
 //! buffer passes [`BATCH_BYTES`], or before any other log line of that thread, so one
 //! thread's lines keep their order. Threads that are not runtime workers (they never
 //! report going idle) hand each line over at once, as before.
+//!
+//! The listeners' workers (single-threaded runtimes, server/workers.rs) go idle between
+//! most requests, and a hand-over at each of those woke the writer thread for a `write`
+//! of a line or two: at one connection, a wake-up and a syscall on another core per
+//! request. They hand over at most every [`WORKER_FLUSH_DELAY`] instead
+//! ([`worker_idle`]), or when the batch fills.
 
 use std::cell::RefCell;
 use std::io::Write;
@@ -15,6 +21,10 @@ use tracing_appender::non_blocking::NonBlocking;
 
 /// A worker hands its lines over once they fill this much, even while busy.
 const BATCH_BYTES: usize = 16 * 1024;
+
+/// The longest a listener worker's line waits in its batch (nginx's buffered access log
+/// waits up to its `flush=` time, commonly 1 s or more).
+pub const WORKER_FLUSH_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The writer thread's channel; unset in programs that never called `log::init` (the
 /// lines then go straight to stdout).
@@ -28,6 +38,8 @@ struct Pending {
     buf: String,
     /// This thread reports when it goes idle, so its lines may wait for that.
     batched: bool,
+    /// A delayed hand-over is scheduled on this thread ([`worker_idle`]).
+    flush_scheduled: bool,
 }
 
 impl Pending {
@@ -47,7 +59,7 @@ impl Drop for Pending {
 
 thread_local! {
     static PENDING: RefCell<Pending> = const {
-        RefCell::new(Pending { buf: String::new(), batched: false })
+        RefCell::new(Pending { buf: String::new(), batched: false, flush_scheduled: false })
     };
 }
 
@@ -106,6 +118,36 @@ pub fn thread_idle() {
             p.hand_over();
         }
     });
+}
+
+/// Called by a listener worker (a single-threaded runtime) about to go idle: its lines may
+/// wait in its batch, and a task on this same thread hands them over within
+/// [`WORKER_FLUSH_DELAY`]. Must run inside that runtime (tokio's `on_thread_park` does):
+/// the task is spawned here, and a current-thread runtime runs it on this thread.
+pub fn worker_idle() {
+    let schedule = PENDING
+        .try_with(|p| {
+            let Ok(mut p) = p.try_borrow_mut() else {
+                return false;
+            };
+            p.batched = true;
+            let schedule = !p.buf.is_empty() && !p.flush_scheduled;
+            p.flush_scheduled |= schedule;
+            schedule
+        })
+        .unwrap_or(false);
+    if schedule {
+        // Spawning from the park hook makes the runtime run the task instead of parking.
+        tokio::spawn(async {
+            tokio::time::sleep(WORKER_FLUSH_DELAY).await;
+            let _ = PENDING.try_with(|p| {
+                if let Ok(mut p) = p.try_borrow_mut() {
+                    p.flush_scheduled = false;
+                    p.hand_over();
+                }
+            });
+        });
+    }
 }
 
 /// Called by a runtime thread about to stop: nothing may wait any more.

@@ -51,7 +51,9 @@ mod event;
 mod json;
 mod time;
 
-pub use batch::{flush_thread, thread_idle, thread_stopping, write_line};
+pub use batch::{
+    WORKER_FLUSH_DELAY, flush_thread, thread_idle, thread_stopping, worker_idle, write_line,
+};
 pub use event::SlogJson;
 pub use json::{json_escape_bytes_into, json_escape_into};
 pub use time::{push_rfc3339_nano_utc, rfc3339_nano_utc};
