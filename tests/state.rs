@@ -938,6 +938,13 @@ async fn in_flight_request_finishes_during_sigterm_shutdown() {
             l.contains("\"msg\":\"Server stopped\"")
         })
         .await;
+    // Its access line is written before the proxy says it stopped (a worker thread's
+    // lines wait in its batch for up to 100 ms; the drain hands them over first).
+    let logs = proxy.logs();
+    let line_at = |needle: &str| logs.iter().position(|l| l.contains(needle));
+    let access = line_at("\"path\":\"/slow\"").expect("the request's access line");
+    let stopped = line_at("\"msg\":\"Server stopped\"").expect("Server stopped");
+    assert!(access < stopped, "{logs:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -185,9 +185,10 @@ pub fn run(args: RunArgs) -> i32 {
         }
     };
     let result = runtime.block_on(serve(args, workers.clone()));
+    // The workers first: nothing of theirs may outlive the control runtime.
     workers.stop();
-    drop(runtime);
     threads.join();
+    drop(runtime);
     match result {
         Ok(()) => 0,
         Err(e) => {

@@ -21,7 +21,10 @@
 //!   ([`crate::worker`]): hyper drives a connection in a task on the thread that opened
 //!   it, so a request that took another thread's connection would wake that thread for
 //!   every read and write. A request takes its own worker's connections; only one that
-//!   waits at the connection limit takes any worker's.
+//!   waits at the connection limit takes any worker's (and that connection still goes back
+//!   to the list of the worker that drives it). When the idle limit is reached, a
+//!   connection coming back replaces the longest-idle one of any worker, so one worker's
+//!   burst cannot keep the others dialling for every request.
 //! - `--target-idle-conn-timeout`: an idle connection is not taken past it, and a reaper
 //!   (one task per target and worker, only while it has idle connections) closes it.
 //! - `--target-dial-timeout` bounds connecting (name resolution included).
@@ -139,9 +142,9 @@ impl Pools {
         let mut checked_out = checked_out;
         let large_head = head_bytes(req.headers()) > KEEP_HEAD_LIMIT;
         loop {
-            let (mut sender, reused) = self.checkout(&target, &host, reuse).await?;
+            let (mut conn, reused) = self.checkout(&target, &host, reuse).await?;
             drop(checked_out.take());
-            match sender.try_send_request(req).await {
+            match conn.sender.try_send_request(req).await {
                 Ok(response) => {
                     // hyper keeps a connection's buffers at the largest head they held;
                     // such a connection closes after this exchange instead of idling.
@@ -149,7 +152,7 @@ impl Pools {
                         && !large_head
                         && head_bytes(response.headers()) <= KEEP_HEAD_LIMIT
                     {
-                        target.clone().give_back(sender);
+                        target.clone().give_back(conn);
                     }
                     return Ok(response);
                 }
@@ -173,7 +176,7 @@ impl Pools {
             .max_conns
             .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS))));
         let made = Arc::new(TargetPool {
-            idle: (0..crate::worker::count())
+            idle: (0..crate::worker::slots())
                 .map(|_| Mutex::default())
                 .collect(),
             idle_count: AtomicUsize::new(0),
@@ -204,7 +207,7 @@ impl Pools {
         target: &Arc<TargetPool>,
         host: &Authority,
         reuse: Reuse,
-    ) -> Result<(SendRequest<RequestBody>, bool), UpstreamError> {
+    ) -> Result<(Upstream, bool), UpstreamError> {
         'checkout: loop {
             if let Reuse::Pooled(limit) = reuse {
                 if let Some(sender) = target.take(crate::worker::index(), limit) {
@@ -251,7 +254,8 @@ impl Pools {
             let sender = self
                 .connect(target, host, slot, reuse == Reuse::Upgrade)
                 .await?;
-            return Ok((sender, false));
+            let home = crate::worker::index();
+            return Ok((Upstream { sender, home }, false));
         }
     }
 
@@ -326,6 +330,13 @@ struct Idle {
     since: Instant,
 }
 
+/// A connection checked out of a [`TargetPool`], with the list it goes back to: that of
+/// the worker whose runtime drives it.
+struct Upstream {
+    sender: SendRequest<RequestBody>,
+    home: usize,
+}
+
 impl TargetPool {
     fn lock(&self, list: usize) -> std::sync::MutexGuard<'_, IdleList> {
         // A list of connections holds no invariant a panic could break.
@@ -336,7 +347,7 @@ impl TargetPool {
 
     /// The most recently used connection in worker `list`'s list, idle for less than
     /// `limit`, that can take a request.
-    fn take(&self, list: usize, limit: Duration) -> Option<SendRequest<RequestBody>> {
+    fn take(&self, list: usize, limit: Duration) -> Option<Upstream> {
         let now = Instant::now();
         let mut idle = self.lock(list);
         while let Some(conn) = idle.conns.pop() {
@@ -345,14 +356,17 @@ impl TargetPool {
                 && conn.sender.is_ready()
                 && !conn.sender.is_closed()
             {
-                return Some(conn.sender);
+                return Some(Upstream {
+                    sender: conn.sender,
+                    home: list % self.idle.len(),
+                });
             }
         }
         None
     }
 
     /// As [`TargetPool::take`], this worker's list first, then the others'.
-    fn take_any(&self, limit: Duration) -> Option<SendRequest<RequestBody>> {
+    fn take_any(&self, limit: Duration) -> Option<Upstream> {
         let own = crate::worker::index();
         (0..self.idle.len()).find_map(|i| self.take((own + i) % self.idle.len(), limit))
     }
@@ -372,31 +386,39 @@ impl TargetPool {
     /// Returns a connection to the pool once hyper can send on it again: now, when its
     /// response has been read in full already (the usual small answer), or when the
     /// streaming body has ended.
-    fn give_back(self: Arc<Self>, mut sender: SendRequest<RequestBody>) {
-        if sender.is_ready() {
-            self.put(sender);
-        } else if !sender.is_closed() {
+    fn give_back(self: Arc<Self>, mut conn: Upstream) {
+        if conn.sender.is_ready() {
+            self.put(conn);
+        } else if !conn.sender.is_closed() {
             tokio::spawn(async move {
-                if sender.ready().await.is_ok() {
-                    self.put(sender);
+                if conn.sender.ready().await.is_ok() {
+                    self.put(conn);
                 }
             });
         }
     }
 
-    /// Into this worker's list: the thread that opened the connection drives it, and
-    /// a request is served on the thread that accepted it, so this is also the thread
-    /// that drives it.
-    fn put(self: Arc<Self>, sender: SendRequest<RequestBody>) {
-        // Past the limit the connection closes as the sender drops.
-        if self.idle_count.fetch_add(1, Ordering::Relaxed) >= self.settings.max_idle {
-            self.idle_count.fetch_sub(1, Ordering::Relaxed);
+    /// Into the list of the worker that drives the connection. At the idle limit the
+    /// longest-idle connection of any list closes to make room: the one just used is the
+    /// likelier to be wanted again, by the worker that just used it.
+    fn put(self: Arc<Self>, conn: Upstream) {
+        if self.settings.max_idle == 0 {
             return;
         }
+        while self.idle_count.fetch_add(1, Ordering::Relaxed) >= self.settings.max_idle {
+            self.idle_count.fetch_sub(1, Ordering::Relaxed);
+            if self.evict_oldest().is_none() {
+                // Others are pushing at this moment: this one closes instead.
+                return;
+            }
+        }
         let since = Instant::now();
-        let list = crate::worker::index() % self.idle.len();
+        let list = conn.home % self.idle.len();
         let mut idle = self.lock(list);
-        idle.conns.push(Idle { sender, since });
+        idle.conns.push(Idle {
+            sender: conn.sender,
+            since,
+        });
         if !idle.reaping {
             idle.reaping = true;
             tokio::spawn(reap(
@@ -588,6 +610,51 @@ mod tests {
         );
         let sent = UpstreamError::new("SendRequest", "connection reset".into());
         assert_eq!(connect_failure(&sent), None);
+    }
+
+    /// A real hyper client connection over an in-memory pipe (the far end is returned so
+    /// it stays open).
+    async fn upstream(home: usize) -> (Upstream, tokio::io::DuplexStream) {
+        let (near, far) = tokio::io::duplex(1024);
+        let (mut sender, connection) = http1::handshake(hyper_util::rt::TokioIo::new(near))
+            .await
+            .expect("handshake");
+        tokio::spawn(connection);
+        sender.ready().await.expect("ready");
+        (Upstream { sender, home }, far)
+    }
+
+    #[tokio::test]
+    async fn at_the_idle_limit_a_returning_connection_replaces_the_longest_idle_of_any_worker() {
+        let pools = Pools::new(PoolSettings {
+            max_idle: 2,
+            ..PoolSettings::default()
+        });
+        let target = pools.target(&"127.0.0.1:1".parse().unwrap());
+        let lens = |t: &TargetPool| -> Vec<usize> {
+            (0..t.idle.len()).map(|i| t.lock(i).conns.len()).collect()
+        };
+        let (a, _a) = upstream(0).await;
+        let (b, _b) = upstream(0).await;
+        target.clone().put(a);
+        target.clone().put(b);
+        assert_eq!(lens(&target)[..2], [2, 0]);
+        // Another worker's connection comes back: worker 0's oldest makes room for it,
+        // instead of this one closing while worker 0's sit unused.
+        let (c, _c) = upstream(1).await;
+        target.clone().put(c);
+        assert_eq!(lens(&target)[..2], [1, 1]);
+        assert_eq!(target.idle_count.load(Ordering::Relaxed), 2);
+        // Taken from its own list first, and it goes back to the list of the worker that
+        // drives it whoever took it.
+        let taken = target
+            .take_any(Duration::from_secs(60))
+            .expect("an idle one");
+        assert_eq!(target.idle_count.load(Ordering::Relaxed), 1);
+        let home = taken.home;
+        target.clone().put(taken);
+        assert_eq!(lens(&target)[home], 1);
+        assert_eq!(target.idle_count.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test]

@@ -41,9 +41,9 @@ pub struct Workers {
 pub struct Threads(Vec<std::thread::JoinHandle<()>>);
 
 impl Workers {
-    /// How many workers `run` starts: `TOKIO_WORKER_THREADS` when set (as tokio's own
-    /// runtime reads it), else one per CPU this process may run on (its affinity mask and
-    /// cgroup quota).
+    /// How many workers `run` starts: `TOKIO_WORKER_THREADS` when it is a positive number,
+    /// else one per CPU this process may run on (its affinity mask and cgroup quota).
+    /// The control runtime keeps its two threads either way.
     pub fn default_count() -> usize {
         std::env::var("TOKIO_WORKER_THREADS")
             .ok()
@@ -74,9 +74,10 @@ impl Workers {
                 .spawn(move || {
                     crate::worker::enter(index);
                     runtime.block_on(stop.cancelled());
-                    // Dropping the runtime drops what is left on it (idle upstream
-                    // connections); the shutdown has drained the requests before.
-                    drop(runtime);
+                    // Drops what is left on it (idle upstream connections); the shutdown
+                    // has drained the requests before. Bounded: a name lookup on a
+                    // blocking thread must not hold the exit.
+                    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
                     crate::observe::log::thread_stopping();
                 })?;
             threads.push(thread);
@@ -129,6 +130,7 @@ impl Workers {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "A worker could not share the listener; fewer workers accept");
+                    share.leave();
                     continue;
                 }
             };
@@ -139,6 +141,7 @@ impl Workers {
                     Ok(listener) => accept_loop(listener, &slots, shutdown, share, serve).await,
                     Err(e) => {
                         tracing::warn!(error = %e, "A worker could not listen");
+                        share.leave();
                         true
                     }
                 }
@@ -149,6 +152,15 @@ impl Workers {
         let mut all_closed = true;
         for l in loops {
             all_closed &= l.await.unwrap_or(true);
+        }
+        // The access lines of the last requests, before the caller logs that it stopped.
+        let flushes: Vec<_> = self
+            .runtimes
+            .iter()
+            .map(|r| r.spawn(async { crate::observe::log::flush_thread() }))
+            .collect();
+        for f in flushes {
+            let _ = f.await;
         }
         if !all_closed {
             tracing::warn!("Closing active connections");
@@ -183,7 +195,12 @@ impl Share {
         let own = self.open[self.index].load(Ordering::Relaxed);
         self.open
             .iter()
-            .any(|other| other.load(Ordering::Relaxed) + Self::SLACK < own)
+            .any(|other| other.load(Ordering::Relaxed).saturating_add(Self::SLACK) < own)
+    }
+
+    /// This worker does not accept (it could not listen): the others never wait for it.
+    fn leave(&self) {
+        self.open[self.index].store(usize::MAX, Ordering::Relaxed);
     }
 
     /// Counts a connection for this worker until the guard drops.
