@@ -84,9 +84,11 @@ impl Default for Limits {
 }
 
 /// The connections the TCP listeners may have open at once, shared by HTTP and HTTPS.
-/// A listener takes a slot before it accepts: past the limit, new connections wait in
-/// the kernel's backlog (and are refused by it once that is full) instead of taking
-/// descriptors the control socket and the upstream connections need.
+/// Each accept loop takes a slot for the connection it has just accepted and accepts no
+/// more until it has one: past the limit, that connection waits unserved (one per worker
+/// and listener) and new ones wait in the kernel's backlog (refused by it once that is
+/// full) instead of taking descriptors the control socket and the upstream connections
+/// need.
 #[derive(Clone)]
 pub struct ConnectionSlots {
     slots: Arc<Semaphore>,
