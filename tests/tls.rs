@@ -68,11 +68,15 @@ async fn custom_certificate_served_over_h2_with_redirect_and_reload_on_redeploy(
     assert_eq!(resp.version(), reqwest::Version::HTTP_11);
     assert_eq!(resp.status(), 200);
 
-    let log = proxy.access_log();
-    let line = log
-        .iter()
-        .find(|l| l["proto"] == "HTTP/2.0")
-        .expect("h2 log line");
+    // Access lines reach the log within 100 ms of the request (a worker's batch).
+    let line: serde_json::Value = serde_json::from_str(
+        &proxy
+            .wait_for_log("the h2 access line", |l| {
+                l.contains("\"msg\":\"Request\"") && l.contains("\"proto\":\"HTTP/2.0\"")
+            })
+            .await,
+    )
+    .expect("JSON");
     assert_eq!(line["scheme"], "https");
     assert_eq!(line["service"], "app");
 
