@@ -338,6 +338,8 @@ struct Upstream {
 }
 
 impl TargetPool {
+    /// `list` below [`crate::worker::slots`] (taken modulo the lists, should a pool have
+    /// been made before the workers were counted).
     fn lock(&self, list: usize) -> std::sync::MutexGuard<'_, IdleList> {
         // A list of connections holds no invariant a panic could break.
         self.idle[list % self.idle.len()]
@@ -358,7 +360,7 @@ impl TargetPool {
             {
                 return Some(Upstream {
                     sender: conn.sender,
-                    home: list % self.idle.len(),
+                    home: list,
                 });
             }
         }
@@ -402,9 +404,6 @@ impl TargetPool {
     /// longest-idle connection of any list closes to make room: the one just used is the
     /// likelier to be wanted again, by the worker that just used it.
     fn put(self: Arc<Self>, conn: Upstream) {
-        if self.settings.max_idle == 0 {
-            return;
-        }
         while self.idle_count.fetch_add(1, Ordering::Relaxed) >= self.settings.max_idle {
             self.idle_count.fetch_sub(1, Ordering::Relaxed);
             if self.evict_oldest().is_none() {
@@ -413,7 +412,7 @@ impl TargetPool {
             }
         }
         let since = Instant::now();
-        let list = conn.home % self.idle.len();
+        let list = conn.home;
         let mut idle = self.lock(list);
         idle.conns.push(Idle {
             sender: conn.sender,
