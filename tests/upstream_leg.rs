@@ -288,16 +288,9 @@ async fn without_keep_alives_each_request_has_a_connection_of_its_own() {
     proxy.deploy("app", &app.target(), &[]).await;
     // One client connection: it is served by one worker thread, whose idle upstream
     // connection each request reuses (each worker keeps its own, src/worker.rs).
-    let client = client();
+    let mut one = OneConnection::open(&proxy).await;
     for i in 0..5 {
-        let response = client
-            .get(proxy.url("/a"))
-            .header("x-seq", format!("k{i}"))
-            .send()
-            .await
-            .expect("request");
-        assert_eq!(response.status(), 200);
-        response.bytes().await.expect("body");
+        assert_eq!(one.get("/a", &format!("k{i}"), 0).await, 200);
     }
     assert_eq!(app.app_connections(), 1, "kept alive by default");
 
@@ -624,6 +617,40 @@ async fn deploy_help_documents_every_flag_with_its_default() {
     }
 }
 
+/// Bodiless requests go over the proxy's own connections, requests with a body over
+/// hyper's: at `--target-max-conns=1`, a request of one kind finds the one slot held by an
+/// idle connection of the other and closes it, rather than waiting for the idle timeout
+/// (an hour here) to free it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn at_the_connection_limit_an_idle_connection_of_the_other_kind_makes_room() {
+    let app = FlakyBackend::start().await;
+    let proxy = Proxy::start().await;
+    proxy
+        .deploy(
+            "app",
+            &app.target(),
+            &["--target-max-conns=1", "--target-idle-conn-timeout=1h"],
+        )
+        .await;
+    let mut one = OneConnection::open(&proxy).await;
+    assert_eq!(one.get("/a", "get1", 0).await, 200);
+    assert_eq!(one.post("/b", "post1", "hello").await, 200);
+    assert_eq!(one.post("/c", "post2", "again").await, 200);
+    assert_eq!(one.get("/d", "get2", 0).await, 200);
+    let conns: Vec<(String, String, usize)> = app
+        .requests()
+        .into_iter()
+        .map(|r| (r.method, r.path, r.conn))
+        .collect();
+    let conn = |i: usize| conns[i].2;
+    assert_eq!(conns.len(), 4, "{conns:?}");
+    // Each change of kind needed a new connection; the same kind reused its own.
+    assert_ne!(conn(0), conn(1), "{conns:?}");
+    assert_eq!(conn(1), conn(2), "{conns:?}");
+    assert_ne!(conn(2), conn(3), "{conns:?}");
+    assert_eq!(app.app_connections(), 3, "{conns:?}");
+}
+
 /// A connection that carried a head over 16 KiB leaves the pool after its exchange (hyper
 /// keeps its buffers at that size for as long as it idles: the memory a burst of such
 /// requests held, `bench/rss_bursts.sh`); ordinary heads keep reusing one connection.
@@ -634,18 +661,9 @@ async fn a_connection_that_carried_a_large_head_is_not_kept_idle() {
     proxy.deploy("app", &app.target(), &[]).await;
     // Every request on one client connection, so one worker thread serves them all and
     // they share its upstream connections (each worker keeps its own, src/worker.rs).
-    let client = client();
-    let get = |path: &str, seq: String, pad: usize| {
-        client
-            .get(proxy.url(path))
-            .header("x-seq", seq)
-            .header("x-pad", "x".repeat(pad))
-            .send()
-    };
+    let mut one = OneConnection::open(&proxy).await;
     for i in 0..3 {
-        let response = get("/a", format!("small{i}"), 0).await.expect("request");
-        assert_eq!(response.status(), 200);
-        response.bytes().await.expect("body");
+        assert_eq!(one.get("/a", &format!("small{i}"), 0).await, 200);
     }
     assert_eq!(
         app.app_connections(),
@@ -653,17 +671,11 @@ async fn a_connection_that_carried_a_large_head_is_not_kept_idle() {
         "ordinary heads share one connection"
     );
 
-    let large = get("/large", "large".into(), 20 * 1024)
-        .await
-        .expect("request");
-    assert_eq!(large.status(), 200);
-    large.bytes().await.expect("body");
+    assert_eq!(one.get("/large", "large", 20 * 1024).await, 200);
     // It went on the pooled connection, which then closed: the next request needs a new one,
     // and the one after reuses that.
     for i in 0..3 {
-        let response = get("/b", format!("after{i}"), 0).await.expect("request");
-        assert_eq!(response.status(), 200);
-        response.bytes().await.expect("body");
+        assert_eq!(one.get("/b", &format!("after{i}"), 0).await, 200);
     }
     let conns: Vec<(String, usize)> = app
         .requests()
@@ -716,4 +728,54 @@ async fn an_upgrade_at_the_connection_limit_closes_an_idle_connection_for_its_sl
 
     let reply = client().get(proxy.url("/")).send().await.expect("GET");
     assert_eq!(reply.status(), 200);
+}
+
+/// One keep-alive connection to the proxy, used for request after request (a pooled
+/// client may open a second connection when its first is not back in its pool yet, and
+/// that one may land on another worker thread, with upstream connections of its own).
+struct OneConnection {
+    stream: tokio::io::BufReader<tokio::net::TcpStream>,
+}
+
+impl OneConnection {
+    async fn open(proxy: &Proxy) -> Self {
+        let stream = testkit::raw::connect(proxy.http_port).await;
+        OneConnection {
+            stream: tokio::io::BufReader::new(stream),
+        }
+    }
+
+    /// A GET with `x-seq: seq` and `pad` bytes of padding in a header; its status.
+    async fn get(&mut self, path: &str, seq: &str, pad: usize) -> u16 {
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nx-seq: {seq}\r\nx-pad: {}\r\n\r\n",
+            "x".repeat(pad)
+        );
+        self.exchange(request).await
+    }
+
+    /// A POST of `body` with `x-seq: seq`; its status.
+    async fn post(&mut self, path: &str, seq: &str, body: &str) -> u16 {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nx-seq: {seq}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.exchange(request).await
+    }
+
+    /// The status of `request`. A request that stalls (20 s: a hang guard, no request
+    /// here takes more than milliseconds) fails the test instead of hanging it.
+    async fn exchange(&mut self, request: String) -> u16 {
+        use tokio::io::AsyncWriteExt;
+        self.stream
+            .get_mut()
+            .write_all(request.as_bytes())
+            .await
+            .expect("write request");
+        let response = testkit::raw::read_response(&mut self.stream, false);
+        tokio::time::timeout(Duration::from_secs(20), response)
+            .await
+            .expect("the request stalled")
+            .status
+    }
 }

@@ -61,6 +61,8 @@ impl DrainTokens {
 
 pub struct Target {
     address: Arc<str>,
+    /// The address as an `X-Kamal-Target` value, made once (a reference count per request).
+    header_value: http::HeaderValue,
     authority: Authority,
     /// Its share of the pool's requests (fork F16; 1 unless given).
     weight: u32,
@@ -97,8 +99,11 @@ impl Target {
         let authority: Authority = with_port
             .parse()
             .map_err(|_| format!("{address} :invalid host pattern"))?;
+        let header_value = http::HeaderValue::from_str(address)
+            .map_err(|_| format!("{address} :invalid host pattern"))?;
         Ok(Arc::new(Target {
             address: Arc::from(address),
+            header_value,
             authority,
             weight: spec.weight,
             pin: key.map(|k| k.pin(address)).unwrap_or_default(),
@@ -116,6 +121,11 @@ impl Target {
     /// The address as a shared string, for the access log (no copy per request).
     pub fn shared_address(&self) -> Arc<str> {
         self.address.clone()
+    }
+
+    /// The address as a header value (`X-Kamal-Target`).
+    pub fn header_value(&self) -> &http::HeaderValue {
+        &self.header_value
     }
 
     pub fn authority(&self) -> &Authority {

@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 
 use super::buffer::BufferedBody;
 use super::exchange::Exchange;
+use super::http1::body::Http1Body;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -183,8 +184,43 @@ impl Body for RequestBody {
     }
 }
 
+/// A target's response body, read by hyper's connection or by our own.
+pub(crate) enum UpstreamBody {
+    Hyper(Incoming),
+    Own(Http1Body),
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpstreamBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::Own(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Hyper(b) => b.is_end_stream(),
+            UpstreamBody::Own(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Hyper(b) => b.size_hint(),
+            UpstreamBody::Own(b) => b.size_hint(),
+        }
+    }
+}
+
 enum Inner {
-    Stream(Incoming),
+    Stream(UpstreamBody),
     Buffered(BufferedBody),
     Full(Option<Bytes>),
 }
@@ -202,7 +238,7 @@ pub struct ResponseBody {
 }
 
 impl ResponseBody {
-    pub fn stream(b: Incoming) -> Self {
+    pub(crate) fn stream(b: UpstreamBody) -> Self {
         Self::new(Inner::Stream(b))
     }
 
@@ -288,7 +324,7 @@ impl Body for ResponseBody {
             }
         }
         let polled: Poll<Option<Result<Frame<Bytes>, BoxError>>> = match &mut this.inner {
-            Inner::Stream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Inner::Stream(b) => Pin::new(b).poll_frame(cx),
             Inner::Buffered(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             Inner::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
         };

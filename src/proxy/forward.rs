@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::body::finish;
-use super::body::{BodyReadTimeout, RequestBody, ResponseBody};
+use super::body::{BodyReadTimeout, RequestBody, ResponseBody, UpstreamBody};
 use super::buffer::{BufferError, SpillBuffer};
 use super::cookies;
 use super::exchange::Exchange;
@@ -154,22 +154,25 @@ impl Forwarder {
     }
 
     /// Sends `req`; when a reused connection died under it before it was answered and
-    /// [`retry`]'s rule allows, sends it once more on a new connection. `replay` is the
-    /// request's head, kept for bodiless requests only (a body cannot be sent twice).
+    /// [`retry`]'s rule allows, sends it once more on a new connection. (Only a bodiless
+    /// request can go again, and the pool hands such a request back with its failure.)
     async fn send(
         &self,
         pools: &Pools,
         reuse: Reuse,
         req: Request<RequestBody>,
-        replay: Option<Replay>,
         checked_out: Option<tokio::sync::oneshot::Sender<()>>,
         target: &str,
-    ) -> Result<Response<Incoming>, SendError> {
-        let e: BoxError = match pools.send(req, reuse, checked_out).await {
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        let mut failed = match pools.send(req, reuse, checked_out).await {
             Ok(r) => return Ok(r),
-            Err(e) => e.into(),
+            Err(e) => e,
         };
-        let Some(replay) = replay.filter(|r| r.allowed_after(&*e)) else {
+        let again = failed
+            .take_request()
+            .filter(|req| retry::resend_allowed(&failed, req));
+        let e: BoxError = failed.into();
+        let Some(again) = again else {
             return Err(SendError {
                 error: e,
                 resent: false,
@@ -177,16 +180,12 @@ impl Forwarder {
         };
         tracing::info!(
             "target" = target,
-            path = %replay.path(),
+            path = %again.uri().path(),
             error = %describe(&e),
             "Resending request on a new connection"
         );
         pools
-            .send(
-                replay.into_request(RequestBody::empty()),
-                Reuse::Fresh,
-                None,
-            )
+            .send(again, Reuse::Fresh, None)
             .await
             .map_err(|error| SendError {
                 error: error.into(),
@@ -266,7 +265,7 @@ impl Forwarder {
         );
         headers::set_target_header(
             &mut parts.headers,
-            up.target.address(),
+            up.target.header_value(),
             opts.forward_headers,
         );
         // Kept (a reference count, not a copy) only when the response's cookies need it.
@@ -296,8 +295,6 @@ impl Forwarder {
                 .headers
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        // Only a bodiless request can be sent again: keep its head for that.
-        let replay = (body.is_end_stream() && upgrade.is_none()).then(|| Replay::of(&parts));
         let outbound = Request::from_parts(parts, body);
         // With `--target-max-conns` a request may queue for a connection: the target's
         // time to answer starts once it has one (Go's `ResponseHeaderTimeout` starts
@@ -309,14 +306,7 @@ impl Forwarder {
             }
             None => (None, None),
         };
-        let sent = self.send(
-            up.pools,
-            reuse,
-            outbound,
-            replay,
-            checked_out,
-            up.target.address(),
-        );
+        let sent = self.send(up.pools, reuse, outbound, checked_out, up.target.address());
         let result = {
             let cancelled = async {
                 match exchange.target.as_ref() {
@@ -614,13 +604,13 @@ async fn buffer_request(
 
 enum ResponseBufferError {
     /// The app's body could not be read: its fault (502).
-    Upstream(hyper::Error),
+    Upstream(BoxError),
     /// Over the limit, or the spill file failed: ours (500).
     Buffer(BufferError),
 }
 
 async fn buffer_response(
-    mut body: Incoming,
+    mut body: UpstreamBody,
     opts: &TargetOptions,
 ) -> Result<super::buffer::BufferedBody, ResponseBufferError> {
     let mut buf = SpillBuffer::new(opts.max_memory_buffer_size, opts.max_response_body_size);
@@ -637,7 +627,7 @@ async fn buffer_response(
 /// either side closes or a drain starts. The exchange (and so the in-flight counts that
 /// keep a service awake) lives as long as the connection.
 fn splice_upgrade(
-    mut upstream: Response<Incoming>,
+    mut upstream: Response<UpstreamBody>,
     client: hyper::upgrade::OnUpgrade,
     mut exchange: Exchange,
 ) -> Response<ResponseBody> {

@@ -162,7 +162,7 @@ pub fn apply_client_ip_header(headers: &mut HeaderMap, name: &HeaderName) -> Opt
 }
 
 /// `X-Kamal-Target`: the chosen target; appended to a client value only when trusted.
-pub fn set_target_header(headers: &mut HeaderMap, address: &str, trust_client: bool) {
+pub fn set_target_header(headers: &mut HeaderMap, address: &HeaderValue, trust_client: bool) {
     let mut joined = Vec::new();
     if trust_client {
         for prior in headers
@@ -175,7 +175,7 @@ pub fn set_target_header(headers: &mut HeaderMap, address: &str, trust_client: b
         }
     }
     let value = if joined.is_empty() {
-        HeaderValue::from_str(address).ok()
+        Some(address.clone())
     } else {
         joined.extend_from_slice(address.as_bytes());
         HeaderValue::from_bytes(&joined).ok()
@@ -259,16 +259,16 @@ mod tests {
     #[test]
     fn target_header_appends_to_trusted_client_values() {
         let mut h = HeaderMap::new();
-        set_target_header(&mut h, "web:3000", true);
+        set_target_header(&mut h, &HeaderValue::from_static("web:3000"), true);
         assert_eq!(h[&X_KAMAL_TARGET], "web:3000");
         let mut h = HeaderMap::new();
         h.append(&X_KAMAL_TARGET, hv("a:1"));
         h.append(&X_KAMAL_TARGET, hv("b:2"));
         let mut untrusted = h.clone();
-        set_target_header(&mut h, "web:3000", true);
+        set_target_header(&mut h, &HeaderValue::from_static("web:3000"), true);
         assert_eq!(h[&X_KAMAL_TARGET], "a:1, b:2, web:3000");
         assert_eq!(h.get_all(&X_KAMAL_TARGET).iter().count(), 1);
-        set_target_header(&mut untrusted, "web:3000", false);
+        set_target_header(&mut untrusted, &HeaderValue::from_static("web:3000"), false);
         assert_eq!(untrusted[&X_KAMAL_TARGET], "web:3000");
         assert_eq!(untrusted.get_all(&X_KAMAL_TARGET).iter().count(), 1);
     }

@@ -7,6 +7,7 @@ pub mod cookies;
 pub mod exchange;
 pub mod forward;
 pub mod headers;
+mod http1;
 mod keep_alive;
 pub mod pages;
 pub mod pool;

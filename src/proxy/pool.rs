@@ -1,4 +1,5 @@
-//! The connections to one service's targets, over hyper's own HTTP/1 client connections.
+//! The connections to one service's targets: our own HTTP/1 connections ([`own`]) for
+//! requests without a body, hyper's for those with one and for upgrades.
 //!
 //! hyper-util's pooled client cost about 8,000 instructions per request on top of hyper's
 //! connection itself (bench/README.md): a pool key cloned and hashed byte by byte with
@@ -14,32 +15,38 @@
 //!   whole life (connecting, busy and idle, as Go's `MaxConnsPerHost`); a request over it
 //!   waits for an idle connection or a free permit, whichever comes first, and one that
 //!   needs a connection of its own (an upgrade) closes the longest-idle one to free its
-//!   permit. One limit per target, whatever the path timeout or the worker thread.
+//!   permit. One limit per target, whatever the path timeout, the worker thread or the
+//!   kind of connection.
 //! - `--target-max-idle-conns` idle connections at most, all workers together; past it a
 //!   connection closes.
 //! - Idle connections wait in the list of the worker thread that opened them
-//!   ([`crate::worker`]): hyper drives a connection in a task on the thread that opened
-//!   it, so a request that took another thread's connection would wake that thread for
-//!   every read and write. A request takes its own worker's connections; only one that
-//!   waits at the connection limit takes any worker's (and that connection still goes back
-//!   to the list of the worker that drives it). When the idle limit is reached, a
-//!   connection coming back replaces the longest-idle one of any worker, so one worker's
-//!   burst cannot keep the others dialling for every request.
+//!   ([`crate::worker`]): a socket is registered with the runtime of the thread that opened
+//!   it (and hyper drives its connection in a task there), so a request that took another
+//!   thread's connection would wake that thread for every read and write. A request takes
+//!   its own worker's connections; only one that waits at the connection limit takes any
+//!   worker's (and that connection still goes back to the list of the worker it belongs
+//!   to). When the idle limit is reached, a connection coming back replaces the
+//!   longest-idle one of any worker, so one worker's burst cannot keep the others dialling
+//!   for every request.
 //! - `--target-idle-conn-timeout`: an idle connection is not taken past it, and a reaper
 //!   (one task per target and worker, only while it has idle connections) closes it.
 //! - `--target-dial-timeout` bounds connecting (name resolution included).
 //!
+//! A bodiless request takes our own connections, a request with a body or an upgrade
+//! hyper's; a request waiting at `--target-max-conns` closes an idle connection of the
+//! other kind to free its slot.
+//!
 //! Kept from hyper-util: a request refused by a reused connection before any of it was
-//! written goes again on another connection (its `retry_canceled_requests`); the
-//! connection task is spawned, so idle connections notice the app closing them; a
-//! connection goes back to the pool only once hyper is ready for its next request, by a
-//! spawned wait when the body is still streaming. Errors read as hyper-util's did
+//! written goes again on another connection (its `retry_canceled_requests`); an idle
+//! connection the app closed is not taken (hyper's task notices the close; ours is checked
+//! without a system call unless its socket has become readable); a connection goes back
+//! to the pool only once it can carry the next request. Errors read as hyper-util's did
 //! (`client error (Connect)`, `client error (SendRequest)`), so log lines are unchanged.
 
 use arc_swap::ArcSwap;
 use http::uri::{Authority, Scheme};
-use http::{HeaderValue, Request, Response, Uri, header};
-use hyper::body::Incoming;
+use http::{HeaderValue, Method, Request, Response, Uri, header};
+use http_body::Body as _;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
 use std::collections::HashMap;
@@ -52,9 +59,11 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 
-use super::body::RequestBody;
-use super::retry::TrackingConnector;
+use super::body::{RequestBody, UpstreamBody};
+use super::http1::{self as own, body::Lease};
+use super::retry::Tracked;
 use crate::options::upstream::PoolSettings;
+use hyper_util::rt::TokioIo;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 type ByTarget = HashMap<Authority, Arc<TargetPool>, BuildHasherDefault<Fnv>>;
@@ -62,7 +71,7 @@ type ByTarget = HashMap<Authority, Arc<TargetPool>, BuildHasherDefault<Fnv>>;
 /// One service's connections to its targets, by target address.
 pub struct Pools {
     settings: PoolSettings,
-    connector: TrackingConnector,
+    connector: HttpConnector,
     /// Read on every request (one atomic load and a lookup); written once per target.
     targets: ArcSwap<ByTarget>,
 }
@@ -85,7 +94,7 @@ impl Pools {
         connector.set_nodelay(true);
         Pools {
             settings,
-            connector: TrackingConnector::new(connector),
+            connector,
             targets: ArcSwap::default(),
         }
     }
@@ -119,42 +128,101 @@ impl Pools {
         mut req: Request<RequestBody>,
         reuse: Reuse,
         checked_out: Option<oneshot::Sender<()>>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let Some(host) = req.uri().authority().cloned() else {
             return Err(UpstreamError::new(
                 "Connect",
                 "request without a target address".into(),
             ));
         };
-        // HTTP/1 sends the path only, and a Host header (the client's, or the target's).
+        // A Host header: the client's, or the target's.
         if !req.headers().contains_key(header::HOST) {
             if let Ok(v) = HeaderValue::from_str(host_header(&host)) {
                 req.headers_mut().insert(header::HOST, v);
             }
         }
+        let target = self.target(&host);
+        // A connection's buffers stay at the largest head they held: one whose request or
+        // response head was large closes after its exchange instead of idling.
+        let keep =
+            matches!(reuse, Reuse::Pooled(_)) && head_bytes(req.headers()) <= KEEP_HEAD_LIMIT;
+        // Our own connection takes every request it can: one without a body to stream,
+        // that does not switch protocols.
+        if reuse != Reuse::Upgrade && req.body().is_end_stream() && req.method() != Method::CONNECT
+        {
+            return self
+                .send_own(req, &target, &host, reuse, checked_out, keep)
+                .await;
+        }
+        self.send_hyper(req, &target, &host, reuse, checked_out, keep)
+            .await
+    }
+
+    /// Over one of our own connections. The request comes back with a failure (it has no
+    /// body, so it can be sent again).
+    async fn send_own(
+        &self,
+        req: Request<RequestBody>,
+        target: &Arc<TargetPool>,
+        host: &Authority,
+        reuse: Reuse,
+        mut checked_out: Option<oneshot::Sender<()>>,
+        keep: bool,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        loop {
+            let (conn, reused) = match self.checkout(target, host, reuse, Kind::Own).await {
+                Ok(checked) => checked,
+                Err(e) => return Err(e.with_request(req)),
+            };
+            drop(checked_out.take());
+            let Conn::Own(mut conn) = conn.conn else {
+                unreachable!("a checkout of our own kind")
+            };
+            let failed = match conn.conn.send(req.method(), path, req.headers()).await {
+                Ok(head) => {
+                    conn.pooled = keep && head.bytes <= KEEP_HEAD_LIMIT;
+                    let response = own::body::response(head, conn);
+                    return Ok(response.map(UpstreamBody::Own));
+                }
+                // Not a byte of it was written: the reused connection was closing.
+                Err(own::SendError::Unsent(_)) if reused => continue,
+                Err(own::SendError::Unsent(e)) => e.into(),
+                Err(own::SendError::Failed(e)) => e.into(),
+            };
+            return Err(UpstreamError::new("SendRequest", failed).with_request(req));
+        }
+    }
+
+    /// Over one of hyper's connections (a body to stream, or an upgrade).
+    async fn send_hyper(
+        &self,
+        mut req: Request<RequestBody>,
+        target: &Arc<TargetPool>,
+        host: &Authority,
+        reuse: Reuse,
+        mut checked_out: Option<oneshot::Sender<()>>,
+        keep: bool,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        // hyper writes the URI as it is: the path only.
         let origin = req
             .uri()
             .path_and_query()
             .cloned()
             .map_or_else(|| Uri::from_static("/"), Uri::from);
         *req.uri_mut() = origin;
-        let target = self.target(&host);
-        let mut checked_out = checked_out;
-        let large_head = head_bytes(req.headers()) > KEEP_HEAD_LIMIT;
         loop {
-            let (mut conn, reused) = self.checkout(&target, &host, reuse).await?;
+            let (conn, reused) = self.checkout(target, host, reuse, Kind::Hyper).await?;
             drop(checked_out.take());
-            match conn.sender.try_send_request(req).await {
+            let Conn::Hyper(mut sender) = conn.conn else {
+                unreachable!("a checkout of hyper's kind")
+            };
+            match sender.try_send_request(req).await {
                 Ok(response) => {
-                    // hyper keeps a connection's buffers at the largest head they held;
-                    // such a connection closes after this exchange instead of idling.
-                    if matches!(reuse, Reuse::Pooled(_))
-                        && !large_head
-                        && head_bytes(response.headers()) <= KEEP_HEAD_LIMIT
-                    {
-                        target.clone().give_back(conn);
+                    if keep && head_bytes(response.headers()) <= KEEP_HEAD_LIMIT {
+                        target.clone().give_back(sender, conn.home);
                     }
-                    return Ok(response);
+                    return Ok(response.map(UpstreamBody::Hyper));
                 }
                 Err(mut e) => match e.take_message() {
                     // Not a byte of it was written: the reused connection was closing.
@@ -207,10 +275,11 @@ impl Pools {
         target: &Arc<TargetPool>,
         host: &Authority,
         reuse: Reuse,
+        kind: Kind,
     ) -> Result<(Upstream, bool), UpstreamError> {
         'checkout: loop {
             if let Reuse::Pooled(limit) = reuse {
-                if let Some(sender) = target.take(crate::worker::index(), limit) {
+                if let Some(sender) = target.take(crate::worker::index(), limit, kind) {
                     return Ok((sender, true));
                 }
             }
@@ -232,9 +301,12 @@ impl Pools {
                                 let returned = target.returned.notified();
                                 let mut returned = std::pin::pin!(returned);
                                 returned.as_mut().enable();
-                                if let Some(sender) = target.take_any(limit) {
+                                if let Some(sender) = target.take_any(limit, kind) {
                                     return Ok((sender, true));
                                 }
+                                // An idle connection of the other kind holds a slot this
+                                // request cannot use: closing it frees one.
+                                drop(target.evict_oldest(Some(kind.other())));
                                 tokio::select! {
                                     slot = slots.clone().acquire_owned() => slot.ok(),
                                     _ = returned => continue 'checkout,
@@ -244,18 +316,50 @@ impl Pools {
                             // fresh one) cannot use an idle one: closing the longest-idle
                             // frees its slot, rather than waiting for the reaper or the app.
                             Reuse::Fresh | Reuse::Upgrade => {
-                                drop(target.evict_oldest());
+                                drop(target.evict_oldest(None));
                                 slots.clone().acquire_owned().await.ok()
                             }
                         }
                     }
                 },
             };
-            let sender = self
-                .connect(target, host, slot, reuse == Reuse::Upgrade)
-                .await?;
             let home = crate::worker::index();
-            return Ok((Upstream { sender, home }, false));
+            let conn = match kind {
+                Kind::Own => {
+                    let io = self.dial(host).await?;
+                    target.open.fetch_add(1, Ordering::AcqRel);
+                    Conn::Own(Box::new(OwnConn {
+                        conn: own::Connection::new(io),
+                        target: Arc::downgrade(target),
+                        home,
+                        _slot: slot,
+                        pooled: false,
+                    }))
+                }
+                Kind::Hyper => Conn::Hyper(
+                    self.connect(target, host, slot, reuse == Reuse::Upgrade)
+                        .await?,
+                ),
+            };
+            return Ok((Upstream { conn, home }, false));
+        }
+    }
+
+    /// A TCP connection to `host` (its name resolved), within `--target-dial-timeout`.
+    async fn dial(&self, host: &Authority) -> Result<tokio::net::TcpStream, UpstreamError> {
+        let connect_error = |e: BoxError| UpstreamError::new("Connect", e);
+        let dst = Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(host.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| connect_error(e.into()))?;
+        let mut connector = self.connector.clone();
+        let connecting = tower_service::Service::call(&mut connector, dst);
+        let limit = self.settings.dial_timeout;
+        match tokio::time::timeout(limit, connecting).await {
+            Ok(io) => Ok(io.map_err(|e| connect_error(e.into()))?.into_inner()),
+            Err(_) => Err(connect_error(Box::new(DialTimeout(limit)))),
         }
     }
 
@@ -267,19 +371,7 @@ impl Pools {
         upgrades: bool,
     ) -> Result<SendRequest<RequestBody>, UpstreamError> {
         let connect_error = |e: BoxError| UpstreamError::new("Connect", e);
-        let dst = Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(host.clone())
-            .path_and_query("/")
-            .build()
-            .map_err(|e| connect_error(e.into()))?;
-        let mut connector = self.connector.clone();
-        let connecting = tower_service::Service::call(&mut connector, dst);
-        let limit = self.settings.dial_timeout;
-        let io = match tokio::time::timeout(limit, connecting).await {
-            Ok(io) => io.map_err(connect_error)?,
-            Err(_) => return Err(connect_error(Box::new(DialTimeout(limit)))),
-        };
+        let io = TokioIo::new(Tracked::new(self.dial(host).await?));
         let (sender, connection) = http1::Builder::new()
             .handshake(io)
             .await
@@ -326,15 +418,105 @@ struct IdleList {
 }
 
 struct Idle {
-    sender: SendRequest<RequestBody>,
+    conn: Conn,
     since: Instant,
 }
 
 /// A connection checked out of a [`TargetPool`], with the list it goes back to: that of
-/// the worker whose runtime drives it.
+/// the worker whose runtime its socket is registered with.
 struct Upstream {
-    sender: SendRequest<RequestBody>,
+    conn: Conn,
     home: usize,
+}
+
+/// Which connection a request needs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Ours: a request without a body.
+    Own,
+    /// hyper's: a body to stream, or an upgrade.
+    Hyper,
+}
+
+/// An open connection: hyper's (driven by its own task) or ours ([`own`], driven by the
+/// request that uses it).
+enum Conn {
+    Hyper(SendRequest<RequestBody>),
+    Own(Box<OwnConn>),
+}
+
+impl Kind {
+    fn other(self) -> Kind {
+        match self {
+            Kind::Own => Kind::Hyper,
+            Kind::Hyper => Kind::Own,
+        }
+    }
+}
+
+impl Conn {
+    fn kind(&self) -> Kind {
+        match self {
+            Conn::Hyper(_) => Kind::Hyper,
+            Conn::Own(_) => Kind::Own,
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match self {
+            Conn::Hyper(sender) => sender.is_closed(),
+            Conn::Own(own) => own.conn.is_closed(),
+        }
+    }
+
+    /// Whether it can take a request now.
+    fn is_ready(&self) -> bool {
+        match self {
+            Conn::Hyper(sender) => sender.is_ready() && !sender.is_closed(),
+            Conn::Own(own) => !own.conn.is_closed(),
+        }
+    }
+}
+
+/// Our own connection, with what the pool keeps for it.
+struct OwnConn {
+    conn: own::Connection,
+    /// Weak: the pool's idle lists hold this connection, and a pool dropped (its service
+    /// removed or redeployed with other pool flags) closes its idle connections at once.
+    target: Weak<TargetPool>,
+    home: usize,
+    /// `--target-max-conns`: the connection's until it closes.
+    _slot: Option<OwnedSemaphorePermit>,
+    /// It goes back to the pool after this exchange.
+    pooled: bool,
+}
+
+impl Drop for OwnConn {
+    fn drop(&mut self) {
+        if let Some(target) = self.target.upgrade() {
+            target.open.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Lease for OwnConn {
+    fn connection(&mut self) -> &mut own::Connection {
+        &mut self.conn
+    }
+
+    fn release(mut self: Box<Self>) {
+        if !self.pooled {
+            return;
+        }
+        if let Some(target) = self.target.upgrade() {
+            self.conn.shrink_idle();
+            let home = self.home;
+            target.put(Upstream {
+                conn: Conn::Own(self),
+                home,
+            });
+        }
+    }
 }
 
 impl TargetPool {
@@ -347,19 +529,23 @@ impl TargetPool {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The most recently used connection in worker `list`'s list, idle for less than
-    /// `limit`, that can take a request.
-    fn take(&self, list: usize, limit: Duration) -> Option<Upstream> {
+    /// The most recently used connection of `kind` in worker `list`'s list, idle for less
+    /// than `limit`, that can take a request. Those found past it or closed on the way
+    /// are closed.
+    fn take(&self, list: usize, limit: Duration, kind: Kind) -> Option<Upstream> {
         let now = Instant::now();
         let mut idle = self.lock(list);
-        while let Some(conn) = idle.conns.pop() {
+        let mut at = idle.conns.len();
+        while at > 0 {
+            at -= 1;
+            if idle.conns[at].conn.kind() != kind {
+                continue;
+            }
+            let found = idle.conns.remove(at);
             self.idle_count.fetch_sub(1, Ordering::Relaxed);
-            if now.duration_since(conn.since) < limit
-                && conn.sender.is_ready()
-                && !conn.sender.is_closed()
-            {
+            if now.duration_since(found.since) < limit && found.conn.is_ready() {
                 return Some(Upstream {
-                    sender: conn.sender,
+                    conn: found.conn,
                     home: list,
                 });
             }
@@ -368,33 +554,38 @@ impl TargetPool {
     }
 
     /// As [`TargetPool::take`], this worker's list first, then the others'.
-    fn take_any(&self, limit: Duration) -> Option<Upstream> {
+    fn take_any(&self, limit: Duration, kind: Kind) -> Option<Upstream> {
         let own = crate::worker::index();
-        (0..self.idle.len()).find_map(|i| self.take((own + i) % self.idle.len(), limit))
+        (0..self.idle.len()).find_map(|i| self.take((own + i) % self.idle.len(), limit, kind))
     }
 
     /// Takes the longest-idle connection out of the pool (dropping it closes it).
-    fn evict_oldest(&self) -> Option<Idle> {
+    fn evict_oldest(&self, kind: Option<Kind>) -> Option<Idle> {
+        let fits = |c: &Idle| kind.is_none_or(|k| c.conn.kind() == k);
         let oldest = (0..self.idle.len())
-            .filter_map(|i| self.lock(i).conns.first().map(|c| (c.since, i)))
+            .filter_map(|i| {
+                let idle = self.lock(i);
+                idle.conns.iter().find(|c| fits(c)).map(|c| (c.since, i))
+            })
             .min()?;
         let mut idle = self.lock(oldest.1);
-        (!idle.conns.is_empty()).then(|| {
-            self.idle_count.fetch_sub(1, Ordering::Relaxed);
-            idle.conns.remove(0)
-        })
+        let at = idle.conns.iter().position(fits)?;
+        self.idle_count.fetch_sub(1, Ordering::Relaxed);
+        Some(idle.conns.remove(at))
     }
 
     /// Returns a connection to the pool once hyper can send on it again: now, when its
     /// response has been read in full already (the usual small answer), or when the
     /// streaming body has ended.
-    fn give_back(self: Arc<Self>, mut conn: Upstream) {
-        if conn.sender.is_ready() {
-            self.put(conn);
-        } else if !conn.sender.is_closed() {
+    fn give_back(self: Arc<Self>, mut sender: SendRequest<RequestBody>, home: usize) {
+        if sender.is_ready() {
+            let conn = Conn::Hyper(sender);
+            self.put(Upstream { conn, home });
+        } else if !sender.is_closed() {
             tokio::spawn(async move {
-                if conn.sender.ready().await.is_ok() {
-                    self.put(conn);
+                if sender.ready().await.is_ok() {
+                    let conn = Conn::Hyper(sender);
+                    self.put(Upstream { conn, home });
                 }
             });
         }
@@ -406,7 +597,7 @@ impl TargetPool {
     fn put(self: Arc<Self>, conn: Upstream) {
         while self.idle_count.fetch_add(1, Ordering::Relaxed) >= self.settings.max_idle {
             self.idle_count.fetch_sub(1, Ordering::Relaxed);
-            if self.evict_oldest().is_none() {
+            if self.evict_oldest(None).is_none() {
                 // Others are pushing at this moment: this one closes instead.
                 return;
             }
@@ -415,7 +606,7 @@ impl TargetPool {
         let list = conn.home;
         let mut idle = self.lock(list);
         idle.conns.push(Idle {
-            sender: conn.sender,
+            conn: conn.conn,
             since,
         });
         if !idle.reaping {
@@ -427,9 +618,10 @@ impl TargetPool {
             ));
         }
         drop(idle);
-        // Only a request waiting at `--target-max-conns` listens.
+        // Only a request waiting at `--target-max-conns` listens. All of them: the first
+        // woken may need the other kind of connection.
         if self.slots.is_some() {
-            self.returned.notify_one();
+            self.returned.notify_waiters();
         }
     }
 }
@@ -446,7 +638,7 @@ async fn reap(target: Weak<TargetPool>, list: usize, timeout: Duration) {
             let mut idle = target.lock(list);
             let before = idle.conns.len();
             idle.conns
-                .retain(|c| now.duration_since(c.since) < timeout && !c.sender.is_closed());
+                .retain(|c| now.duration_since(c.since) < timeout && !c.conn.is_closed());
             target
                 .idle_count
                 .fetch_sub(before - idle.conns.len(), Ordering::Relaxed);
@@ -487,16 +679,40 @@ fn host_header(host: &Authority) -> &str {
 }
 
 /// A failure to reach a target or to exchange with it.
-#[derive(Debug)]
 pub(crate) struct UpstreamError {
     /// hyper-util's name for the stage that failed.
     kind: &'static str,
     source: BoxError,
+    /// The request, when it had no body and can be sent again.
+    request: Option<Box<Request<RequestBody>>>,
 }
 
 impl UpstreamError {
     fn new(kind: &'static str, source: BoxError) -> Self {
-        UpstreamError { kind, source }
+        UpstreamError {
+            kind,
+            source,
+            request: None,
+        }
+    }
+
+    fn with_request(mut self, req: Request<RequestBody>) -> Self {
+        self.request = Some(Box::new(req));
+        self
+    }
+
+    /// The request that failed, when it can be sent again as it is (it had no body).
+    pub(crate) fn take_request(&mut self) -> Option<Request<RequestBody>> {
+        self.request.take().map(|r| *r)
+    }
+}
+
+impl fmt::Debug for UpstreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamError")
+            .field("kind", &self.kind)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
     }
 }
 
@@ -620,7 +836,8 @@ mod tests {
             .expect("handshake");
         tokio::spawn(connection);
         sender.ready().await.expect("ready");
-        (Upstream { sender, home }, far)
+        let conn = Conn::Hyper(sender);
+        (Upstream { conn, home }, far)
     }
 
     #[tokio::test]
@@ -647,7 +864,7 @@ mod tests {
         // Taken from its own list first, and it goes back to the list of the worker that
         // drives it whoever took it.
         let taken = target
-            .take_any(Duration::from_secs(60))
+            .take_any(Duration::from_secs(60), Kind::Hyper)
             .expect("an idle one");
         assert_eq!(target.idle_count.load(Ordering::Relaxed), 1);
         let home = taken.home;

@@ -1,5 +1,5 @@
-//! The rules for sending a request again, and the connection wrapper that gathers the
-//! evidence the first one needs. Two rules, one place:
+//! The rules for sending a request again, and the mark on the failure the first one
+//! needs. Two rules, one place:
 //!
 //! **Always on: a pooled connection that died under a request (issue 10 §2).** An app closes
 //! an idle keep-alive connection (its own timeout, or right after answering) while we pick
@@ -28,22 +28,22 @@
 //! that a reused connection refused before hyper started writing it (as hyper-util's
 //! `retry_canceled_requests` did): that "nothing written" case never reaches these rules.
 //!
-//! hyper's error says neither whether the connection was reused nor whether the response
-//! had begun, so [`Tracked`] watches the bytes: when a reused connection fails
-//! before the first response byte, the I/O error it reports carries a [`ReusedConnectionClosed`],
-//! which [`resend_after`] finds in the error chain. Nothing is allocated unless that happens.
+//! When a reused connection fails before the first response byte, the I/O error it reports
+//! carries a [`ReusedConnectionClosed`], which [`resend_after`] finds in the error chain
+//! (and which the log line shows). Our own connection (`super::http1`, bodiless requests)
+//! knows whether it was reused and whether any byte of the answer came, and marks the
+//! error itself ([`reused_connection_closed`]); the pool hands the request back with the
+//! failure. hyper's error says neither, so on hyper's connections (requests with a body,
+//! never re-sent, but the log says why they failed) [`Tracked`] watches the bytes. Nothing
+//! is allocated unless that happens.
 
 use http::{HeaderName, HeaderValue, Method, Request, Uri, Version};
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
-use hyper_util::rt::TokioIo;
 use std::error::Error as StdError;
 use std::fmt;
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 /// Whether a request that failed with `err` may be sent again, once, on a new connection.
 /// `idempotency_key`: it carries one; `bodiless`: it had no body to send.
@@ -55,6 +55,13 @@ pub(crate) fn resend_after(
 ) -> bool {
     closed_before_response(err)
         .is_some_and(|c| may_resend(c.written, method, idempotency_key, bodiless))
+}
+
+/// [`resend_after`] for a bodiless request that failed with `err` (the pool hands such a
+/// request back with its failure).
+pub(crate) fn resend_allowed<B>(err: &(dyn StdError + 'static), req: &Request<B>) -> bool {
+    let key = req.headers().keys().any(is_idempotency_key);
+    resend_after(err, req.method(), key, true)
 }
 
 /// Go's rule, for a request whose reused connection died before any response byte.
@@ -94,17 +101,18 @@ fn is_idempotency_key(name: &HeaderName) -> bool {
     name == "idempotency-key" || name == "x-idempotency-key"
 }
 
-/// What it takes to send a bodiless request again. Every bodiless request keeps one
-/// until its answer starts, and nearly none is used: its headers are copied into one
-/// buffer (one allocation, no reference counts to raise and drop) rather than cloned as
-/// a `HeaderMap` (bench/README.md). The extensions are not kept: nothing below reads them.
+/// The request as the client sent it, for another attempt with `--target-try-duration`
+/// (fork F18), kept only when one may come: its headers are copied into one buffer (one
+/// allocation, no reference counts to raise and drop) rather than cloned as a `HeaderMap`
+/// (bench/README.md). The extensions are not kept: nothing below reads them. (The
+/// always-on re-send needs no copy: the pool hands a bodiless request back with its
+/// failure.)
 pub(crate) struct Replay {
     method: Method,
     uri: Uri,
     /// Each header as its name's length (u16, little end), its value's length (u32), the
     /// name and the value.
     headers: Vec<u8>,
-    idempotency_key: bool,
 }
 
 impl Replay {
@@ -115,7 +123,6 @@ impl Replay {
             .map(|(n, v)| 6 + n.as_str().len() + v.len())
             .sum();
         let mut headers = Vec::with_capacity(size);
-        let mut idempotency_key = false;
         for (name, value) in &parts.headers {
             let (n, v) = (name.as_str().as_bytes(), value.as_bytes());
             // hyper refuses longer heads long before these bounds.
@@ -126,23 +133,12 @@ impl Replay {
             headers.extend_from_slice(&vl.to_le_bytes());
             headers.extend_from_slice(n);
             headers.extend_from_slice(v);
-            idempotency_key |= is_idempotency_key(name);
         }
         Replay {
             method: parts.method.clone(),
             uri: parts.uri.clone(),
             headers,
-            idempotency_key,
         }
-    }
-
-    /// Whether [`resend_after`]'s rule lets this request go again after `err`.
-    pub(crate) fn allowed_after(&self, err: &(dyn StdError + 'static)) -> bool {
-        resend_after(err, &self.method, self.idempotency_key, true)
-    }
-
-    pub(crate) fn path(&self) -> &str {
-        self.uri.path()
     }
 
     /// The request again, with `body` (an empty one).
@@ -170,8 +166,9 @@ impl Replay {
     }
 }
 
-/// Our mark in the error chain: hyper wraps the `io::Error` [`Tracked`] returns, whose
-/// payload this is (`io::Error::source` skips the payload, so look inside each one).
+/// Our mark in the error chain: the `io::Error` our connection (or [`Tracked`]) reports
+/// carries it as its payload (`io::Error::source` skips the payload, so look inside each
+/// one).
 fn closed_before_response<'a>(
     err: &'a (dyn StdError + 'static),
 ) -> Option<&'a ReusedConnectionClosed> {
@@ -187,6 +184,15 @@ fn closed_before_response<'a>(
         next = e.source();
     }
     None
+}
+
+/// The error of a reused connection that failed before the first byte of its response
+/// (`written`: some of the request had gone out), marked for [`resend_after`]. An end of
+/// file carries no cause, as [`Tracked`] reports it.
+pub(crate) fn reused_connection_closed(e: io::Error, written: bool) -> io::Error {
+    let kind = e.kind();
+    let cause = (kind != io::ErrorKind::UnexpectedEof).then_some(e);
+    io::Error::new(kind, ReusedConnectionClosed { written, cause })
 }
 
 /// A reused upstream connection failed before the first byte of its response.
@@ -349,47 +355,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 }
 
-impl<T: Connection> Connection for Tracked<T> {
-    fn connected(&self) -> Connected {
-        self.io.connected()
-    }
-}
-
-/// The pool's connector (hyper-util's `HttpConnector`), its connections [`Tracked`].
-#[derive(Clone)]
-pub(crate) struct TrackingConnector {
-    inner: HttpConnector,
-}
-
-impl TrackingConnector {
-    pub(crate) fn new(inner: HttpConnector) -> Self {
-        TrackingConnector { inner }
-    }
-}
-
-type Connecting =
-    Pin<Box<dyn Future<Output = Result<TokioIo<Tracked<TcpStream>>, BoxError>> + Send>>;
-type BoxError = Box<dyn StdError + Send + Sync>;
-
-impl tower_service::Service<Uri> for TrackingConnector {
-    type Response = TokioIo<Tracked<TcpStream>>;
-    type Error = BoxError;
-    type Future = Connecting;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, dst: Uri) -> Self::Future {
-        // One box per new connection, none per request.
-        let connecting = self.inner.call(dst);
-        Box::pin(async move {
-            let io = connecting.await?;
-            Ok(TokioIo::new(Tracked::new(io.into_inner())))
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,6 +453,25 @@ mod tests {
     }
 
     #[test]
+    fn a_request_handed_back_goes_again_by_its_method_and_idempotency_key() {
+        let written = reused_connection_closed(io::ErrorKind::ConnectionReset.into(), true);
+        let unwritten = reused_connection_closed(io::ErrorKind::BrokenPipe.into(), false);
+        let req = |method: Method, key: bool| {
+            let mut b = Request::builder().method(method).uri("http://t:80/");
+            if key {
+                b = b.header("Idempotency-Key", "k");
+            }
+            b.body(()).unwrap()
+        };
+        assert!(resend_allowed(&written, &req(Method::GET, false)));
+        assert!(!resend_allowed(&written, &req(Method::DELETE, false)));
+        assert!(resend_allowed(&written, &req(Method::DELETE, true)));
+        assert!(resend_allowed(&unwritten, &req(Method::POST, false)));
+        let unmarked = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert!(!resend_allowed(&unmarked, &req(Method::GET, false)));
+    }
+
+    #[test]
     fn a_replay_is_the_same_request_again() {
         let req = Request::builder()
             .method(Method::DELETE)
@@ -501,15 +485,12 @@ mod tests {
             .unwrap();
         let (parts, ()) = req.into_parts();
         let replay = Replay::of(&parts);
-        assert!(replay.idempotency_key);
-        assert_eq!(replay.path(), "/a/b");
         let again = replay.into_request(());
         assert_eq!(again.method(), Method::DELETE);
         assert_eq!(again.uri(), &parts.uri);
         assert_eq!(again.headers(), &parts.headers);
         assert_eq!(again.version(), Version::HTTP_11);
         let plain = Replay::of(&Request::new(()).into_parts().0);
-        assert!(!plain.idempotency_key);
         assert!(plain.into_request(()).headers().is_empty());
     }
 

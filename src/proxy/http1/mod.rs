@@ -1,0 +1,434 @@
+//! Our own HTTP/1.1 client connection to a target, for requests without a body.
+//!
+//! hyper's client connection runs in a task of its own: every exchange crosses from the
+//! request's task to it and back (a dispatch channel and a wake-up each way, the response
+//! body through another channel), about 13,000 instructions a request in all
+//! (bench/README.md). A request without a body needs little of that machinery, so this
+//! connection is driven by the request's own task: the head is written with one `write`,
+//! the response head is read until `httparse` completes it, and the body is read from the
+//! socket by the response body itself ([`body::UpstreamBody`]). A response whose body came
+//! with its head (the usual small answer) hands the connection back to the pool before
+//! its body is even polled.
+//!
+//! Requests with a body, and upgrades, still go through hyper's connection
+//! ([`super::pool`]); so does anything this module does not parse as hyper would
+//! (obsolete line folding is refused by both).
+
+pub(crate) mod body;
+pub(crate) mod chunked;
+#[cfg(test)]
+mod tests;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
+use std::fmt;
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// hyper's limits, so a target's answer is refused here exactly where it was before.
+const MAX_HEADERS: usize = 100;
+const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
+/// How much room a read asks for: from the first, doubled while reads fill it (a large
+/// body then costs fewer system calls), back to the first for each response.
+const READ_SIZE: usize = 8192;
+const MAX_READ_SIZE: usize = 256 * 1024;
+
+/// One connection to a target.
+pub(crate) struct Connection {
+    io: TcpStream,
+    /// Bytes read from the target and not used yet.
+    buf: BytesMut,
+    /// The request head being written; its capacity is kept for the next one.
+    out: Vec<u8>,
+    /// It has carried an exchange to its end before: a failure before the answer may be
+    /// the app closing it while we picked it (see `retry.rs`).
+    reused: bool,
+    read_size: usize,
+    /// Where each field's name and value lie in the head being parsed (kept for the next
+    /// head: no allocation, and no 100-entry array to clear, per response).
+    spans: Vec<[u32; 4]>,
+}
+
+/// The head of a target's response, and how its body is framed.
+pub(crate) struct Head {
+    pub(crate) response: http::response::Parts,
+    pub(crate) framing: Framing,
+    /// The connection may carry another exchange once this body has been read.
+    pub(crate) keep_alive: bool,
+    /// The head's size on the wire.
+    pub(crate) bytes: usize,
+}
+
+/// How the end of a response body is found (RFC 9112 §6.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// No body: a HEAD request, a 1xx, 204 or 304 answer.
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Everything until the target closes the connection.
+    UntilClose,
+}
+
+/// Why an exchange failed.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// Not a byte of the request was written: it may go on another connection as it is.
+    Unsent(io::Error),
+    Failed(Error),
+}
+
+/// A failure of the exchange after the request began.
+#[derive(Debug)]
+pub(crate) struct Error {
+    kind: ErrorKind,
+    cause: Option<io::Error>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ErrorKind {
+    /// The target closed before its answer was complete (hyper's wording).
+    Incomplete,
+    Io,
+    InvalidHead,
+    HeadTooLarge,
+    InvalidLength,
+    InvalidChunk,
+}
+
+impl Error {
+    fn new(kind: ErrorKind, cause: Option<io::Error>) -> Self {
+        Error { kind, cause }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.kind {
+            ErrorKind::Incomplete => "connection closed before message completed",
+            ErrorKind::Io => "connection error",
+            ErrorKind::InvalidHead => "invalid HTTP response head",
+            ErrorKind::HeadTooLarge => "response head too large",
+            ErrorKind::InvalidLength => "invalid content-length in response",
+            ErrorKind::InvalidChunk => "invalid chunked body in response",
+        })
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause.as_ref().map(|e| e as _)
+    }
+}
+
+impl Connection {
+    pub(crate) fn new(io: TcpStream) -> Self {
+        Connection {
+            io,
+            buf: BytesMut::new(),
+            out: Vec::new(),
+            reused: false,
+            read_size: READ_SIZE,
+            spans: Vec::new(),
+        }
+    }
+
+    /// Lets go of a read buffer a large answer grew, before the connection idles.
+    pub(crate) fn shrink_idle(&mut self) {
+        if self.buf.capacity() > 2 * READ_SIZE {
+            self.buf = BytesMut::new();
+        }
+    }
+
+    /// Whether the target has closed this idle connection (or sent bytes nobody asked
+    /// for, which makes it as unusable). No system call unless the socket has become
+    /// readable since its last exchange.
+    pub(crate) fn is_closed(&self) -> bool {
+        let mut probe = [0u8; 1];
+        match self.io.try_read(&mut probe) {
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+            Ok(_) => true,
+        }
+    }
+
+    /// Writes a request without a body (`path`: its path and query) and reads the head of
+    /// the answer, skipping informational (1xx) answers other than 101 as hyper does.
+    pub(crate) async fn send(
+        &mut self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+    ) -> Result<Head, SendError> {
+        self.write_head(method, path, headers);
+        self.write_out().await?;
+        self.read_size = READ_SIZE;
+        // Any byte of an answer (an informational one included) came back.
+        let mut answered = false;
+        loop {
+            if !self.buf.is_empty() {
+                if let Some(head) = self.parse_head(method)? {
+                    return Ok(head);
+                }
+            }
+            if self.buf.len() >= MAX_HEAD_BYTES {
+                return Err(SendError::Failed(Error::new(ErrorKind::HeadTooLarge, None)));
+            }
+            let read = std::future::poll_fn(|cx| self.poll_fill(cx)).await;
+            match read {
+                Ok(0) => {
+                    let eof = io::Error::from(io::ErrorKind::UnexpectedEof);
+                    return Err(SendError::Failed(self.failed_before_answer(eof, answered)));
+                }
+                Ok(_) => answered = true,
+                Err(e) => return Err(SendError::Failed(self.failed_before_answer(e, answered))),
+            }
+        }
+    }
+
+    /// The error for a read that failed: a reused connection that died before any byte
+    /// of the answer is marked for `retry.rs`'s re-send rule.
+    fn failed_before_answer(&self, e: io::Error, answered: bool) -> Error {
+        if !answered && self.reused {
+            return Error::new(
+                ErrorKind::Io,
+                Some(super::retry::reused_connection_closed(e, true)),
+            );
+        }
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            Error::new(ErrorKind::Incomplete, None)
+        } else {
+            Error::new(ErrorKind::Io, Some(e))
+        }
+    }
+
+    /// The request line and fields, as hyper writes them (names as the map holds them,
+    /// lower-case; no `Transfer-Encoding`: there is no body to frame).
+    fn write_head(&mut self, method: &Method, path: &str, headers: &HeaderMap) {
+        let out = &mut self.out;
+        out.clear();
+        let size: usize = headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 4)
+            .sum();
+        out.reserve(method.as_str().len() + path.len() + 13 + size + 2);
+        out.extend_from_slice(method.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(path.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        for (name, value) in headers {
+            if name == header::TRANSFER_ENCODING {
+                continue;
+            }
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+
+    /// Writes the head. `Unsent` when the connection failed before taking any of it.
+    async fn write_out(&mut self) -> Result<(), SendError> {
+        let mut at = 0;
+        while at < self.out.len() {
+            match self.io.write(&self.out[at..]).await {
+                Ok(0) => {
+                    let e = io::Error::from(io::ErrorKind::WriteZero);
+                    return Err(self.failed_writing(e, at));
+                }
+                Ok(n) => at += n,
+                Err(e) => return Err(self.failed_writing(e, at)),
+            }
+        }
+        Ok(())
+    }
+
+    fn failed_writing(&self, e: io::Error, written: usize) -> SendError {
+        if written == 0 {
+            return SendError::Unsent(e);
+        }
+        let cause = if self.reused {
+            super::retry::reused_connection_closed(e, true)
+        } else {
+            e
+        };
+        SendError::Failed(Error::new(ErrorKind::Io, Some(cause)))
+    }
+
+    /// Reads what the socket has into the buffer; `Ok(0)` at end of file.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < self.read_size / 4 {
+            self.buf.reserve(self.read_size);
+        }
+        let room = self.buf.capacity() - self.buf.len();
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.io),
+            cx,
+            &mut self.buf
+        ))?;
+        if n == room {
+            self.read_size = (self.read_size * 2).min(MAX_READ_SIZE);
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// The response head, once the buffer holds all of it (`None`: read more).
+    fn parse_head(&mut self, method: &Method) -> Result<Option<Head>, SendError> {
+        let invalid = || SendError::Failed(Error::new(ErrorKind::InvalidHead, None));
+        loop {
+            let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+            let mut parsed = httparse::Response::new(&mut []);
+            let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+                &mut parsed,
+                &self.buf,
+                &mut fields,
+            ) {
+                Ok(httparse::Status::Complete(len)) => len,
+                Ok(httparse::Status::Partial) => return Ok(None),
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Err(SendError::Failed(Error::new(ErrorKind::HeadTooLarge, None)));
+                }
+                Err(_) => return Err(invalid()),
+            };
+            let code = parsed.code.ok_or_else(invalid)?;
+            let status = StatusCode::from_u16(code).map_err(|_| invalid())?;
+            if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+                // 100 Continue, 103 Early Hints: hyper drops them; so do we.
+                let _ = self.buf.split_to(len);
+                continue;
+            }
+            let version = if parsed.version == Some(1) {
+                Version::HTTP_11
+            } else {
+                Version::HTTP_10
+            };
+            let reason = parsed
+                .reason
+                .filter(|r| Some(*r) != status.canonical_reason())
+                .map(|r| Bytes::copy_from_slice(r.as_bytes()));
+            // Offsets rather than slices: the values are cut out of the head's bytes once
+            // it is frozen, without a copy. (The head is at most `MAX_HEAD_BYTES`.)
+            let base = self.buf.as_ptr() as usize;
+            let at = |field: &[u8]| (field.as_ptr() as usize - base) as u32;
+            self.spans.clear();
+            for field in parsed.headers.iter() {
+                let (name, value) = (at(field.name.as_bytes()), at(field.value));
+                let (name_len, value_len) = (field.name.len() as u32, field.value.len() as u32);
+                self.spans
+                    .push([name, name + name_len, value, value + value_len]);
+            }
+            let head = self.buf.split_to(len).freeze();
+            let mut headers = HeaderMap::with_capacity(self.spans.len());
+            let mut keep_alive = version == Version::HTTP_11;
+            let mut close = false;
+            let mut framed = false;
+            for &[ns, ne, vs, ve] in &self.spans {
+                let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
+                let name = HeaderName::from_bytes(&head[ns..ne]).map_err(|_| invalid())?;
+                // SAFETY: httparse accepted these bytes as a field value, and its set
+                // (HTAB, SP through `~`, 0x80 and above) is the one `HeaderValue` allows.
+                let value = unsafe { HeaderValue::from_maybe_shared_unchecked(head.slice(vs..ve)) };
+                framed |= name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING;
+                if name == header::CONNECTION {
+                    // Once any `Connection` line asks to close, a later one cannot undo it.
+                    if close || has_token(&value, "close") {
+                        close = true;
+                        keep_alive = false;
+                    } else if !keep_alive {
+                        keep_alive = has_token(&value, "keep-alive");
+                    }
+                }
+                headers.append(name, value);
+            }
+            let framing = framing(status, method, version, framed.then_some(&headers))
+                .map_err(|kind| SendError::Failed(Error::new(kind, None)))?;
+            let (mut response, ()) = http::Response::new(()).into_parts();
+            response.status = status;
+            response.version = version;
+            response.headers = headers;
+            if let Some(reason) = reason {
+                if let Ok(reason) = hyper::ext::ReasonPhrase::try_from(reason) {
+                    response.extensions.insert(reason);
+                }
+            }
+            // A 101 switched the connection to another protocol: it carries no more HTTP.
+            let keep_alive = keep_alive
+                && status != StatusCode::SWITCHING_PROTOCOLS
+                && framing != Framing::UntilClose;
+            self.reused = true;
+            return Ok(Some(Head {
+                response,
+                framing,
+                keep_alive,
+                bytes: len,
+            }));
+        }
+    }
+}
+
+/// hyper's rules (RFC 9112 §6.3) for where a response's body ends. `headers`: the
+/// response's, when it has a `Content-Length` or `Transfer-Encoding`.
+fn framing(
+    status: StatusCode,
+    method: &Method,
+    version: Version,
+    headers: Option<&HeaderMap>,
+) -> Result<Framing, ErrorKind> {
+    if matches!(status.as_u16(), 101 | 204 | 304) || method == Method::HEAD {
+        return Ok(Framing::Empty);
+    }
+    let Some(headers) = headers else {
+        return Ok(Framing::UntilClose);
+    };
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if version == Version::HTTP_10 {
+            return Err(ErrorKind::InvalidHead);
+        }
+        // Chunked only when it is the last coding; otherwise the body runs to the close.
+        let last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .map(str::trim);
+        return Ok(match last {
+            Some(coding) if coding.eq_ignore_ascii_case("chunked") => Framing::Chunked,
+            _ => Framing::UntilClose,
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for part in value
+            .to_str()
+            .map_err(|_| ErrorKind::InvalidLength)?
+            .split(',')
+        {
+            let part = part.trim();
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(ErrorKind::InvalidLength);
+            }
+            let n: u64 = part.parse().map_err(|_| ErrorKind::InvalidLength)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(ErrorKind::InvalidLength);
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => Framing::Length(n),
+        None => Framing::UntilClose,
+    })
+}
+
+/// Whether a comma-separated header value holds `token` (case-insensitive).
+fn has_token(value: &HeaderValue, token: &str) -> bool {
+    value
+        .to_str()
+        .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+}
