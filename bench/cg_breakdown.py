@@ -52,15 +52,19 @@ handle = inclusive(r"^kamal_proxy::server::handle::\{\{closure\}\}$")
 body_drop = inclusive(r"^core::ptr::drop_in_place<kamal_proxy::proxy::body::ResponseBody>$")
 log_line = inclusive(r"^kamal_proxy::observe::access::log_request$")
 log_writer = inclusive(r"^tracing_appender::worker::Worker<T>::work$")
-# hyper-util's client, or ours (whose `send` is inlined into the pipeline: its take and
-# give-back are what it adds to hyper's connection).
+# hyper-util's client; then our pool over hyper's connections (its take and give-back);
+# now our pool and our own HTTP/1 connection (`Pools::send`: checkout, the head written,
+# the response head parsed; a body read later is in the hyper server line, which polls it).
 client = max(inclusive(r"^hyper_util::client::legacy::client::Client<C,B>::send_request::\{\{closure\}\}$"),
              inclusive(r"^kamal_proxy::proxy::pool::Inner::take$")
-             + inclusive(r"^kamal_proxy::proxy::pool::Inner::give_back$"))
+             + inclusive(r"^kamal_proxy::proxy::pool::Inner::give_back$"),
+             inclusive(r"^kamal_proxy::proxy::pool::Pools::send::\{\{closure\}\}$"))
+# hyper's client connection task (requests with a body, and before our own connection, all).
 upstream_conn = max(
     inclusive(r"^<hyper::client::conn::http1::upgrades::UpgradeableConnection<I,B> as core::future::future::Future>::poll$"),
     inclusive(r"^<hyper::client::conn::http1::Connection<T,B> as core::future::future::Future>::poll$"),
-    inclusive(r"^kamal_proxy::proxy::pool::Pool::connect::\{\{closure\}\}::\{\{closure\}\}$"))
+    inclusive(r"^kamal_proxy::proxy::pool::Pool::connect::\{\{closure\}\}::\{\{closure\}\}$"),
+    inclusive(r"^kamal_proxy::proxy::pool::Pools::connect::\{\{closure\}\}::\{\{closure\}\}$"))
 headers = sum(inclusive(p) for p in [
     r"^kamal_proxy::proxy::headers::remove_hop_by_hop$",
     r"^kamal_proxy::proxy::headers::set_forwarded$",
@@ -87,8 +91,8 @@ rows = [
     ("hyper server: client connection, parse, encode (minus our handler and response body)",
      conn_task - handle - body_drop),
     ("our pipeline: routing, gates, forward (minus client, headers, retry)", pipeline),
-    ("upstream client: pool checkout/checkin, send", client),
-    ("upstream connection task: encode, parse, I/O", upstream_conn),
+    ("upstream client: pool checkout/checkin, send (now with our HTTP/1 exchange)", client),
+    ("hyper's upstream connection task: encode, parse, I/O", upstream_conn),
     ("header building: request id, X-Request-Start, X-Forwarded-*, hop-by-hop, access record", headers),
     ("retry + keep-alive: replay copy, rung look-up, Keep-Alive learn", retry),
     ("metrics (off unless --metrics-port)", metrics),

@@ -10,7 +10,8 @@
 # Prints req/s for each and the ratio kamal-proxy ÷ nginx. Knobs (optional):
 #   DURATION=10   seconds per run        KP_BIN=path   skip `cargo build --release`
 #   ROUNDS=3      rounds, alternating kamal-proxy and nginx; the median of each is reported
-#   KP_STDOUT=/dev/null   where kamal-proxy's access log goes (as bench/run.sh; nginx logs nothing)
+#   KP_STDOUT=path   where kamal-proxy's access log goes; default a file in the run's temporary
+#                    directory (a file on disk, as in production and bench/run.sh; nginx logs nothing)
 #   BASE_PORT=18740 (uses BASE_PORT..+3)  PIN=1  taskset: proxy on CPU 0, load+upstream on CPU 1
 set -Eeuo pipefail
 
@@ -89,7 +90,7 @@ PIDS+=($!)
 
 export HOME="$WORK/home" KAMAL_PROXY_SOCKET="$WORK/kp.sock"
 mkdir -p "$HOME"
-"${CPU0[@]}" "$KP_BIN" run --http-port="$PORT_KP_HTTP" --https-port="$PORT_KP" >"${KP_STDOUT:-/dev/null}" 2>"$WORK/kp.err" &
+"${CPU0[@]}" "$KP_BIN" run --http-port="$PORT_KP_HTTP" --https-port="$PORT_KP" >>"${KP_STDOUT:-$WORK/kp.log}" 2>"$WORK/kp.err" &
 KP_PID=$!
 PIDS+=($KP_PID)
 for _ in $(seq 1 100); do [[ -S "$KAMAL_PROXY_SOCKET" ]] && curl -s -o /dev/null "http://127.0.0.1:$PORT_UPSTREAM/" && break; sleep 0.1; done
