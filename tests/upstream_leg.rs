@@ -651,6 +651,53 @@ async fn at_the_connection_limit_an_idle_connection_of_the_other_kind_makes_room
     assert_eq!(app.app_connections(), 3, "{conns:?}");
 }
 
+/// At `--target-max-conns=1`, a POST (hyper's connection) and a GET (ours) both wait
+/// while another GET holds the one connection: when it is answered, both still get theirs
+/// (whichever kind the connection coming back is, the other request closes it in time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_of_both_kinds_at_the_connection_limit_are_all_served() {
+    let app = FlakyBackend::start().await;
+    let proxy = Proxy::start_with(&["--debug"], &[]).await;
+    proxy
+        .deploy(
+            "app",
+            &app.target(),
+            &["--target-max-conns=1", "--target-idle-conn-timeout=1h"],
+        )
+        .await;
+    app.hold(true);
+    let send = |method: reqwest::Method, seq: &str, body: &str| {
+        let request = client()
+            .request(method, proxy.url("/w"))
+            .header("x-seq", seq)
+            .body(body.to_owned());
+        tokio::spawn(async move {
+            let sent = tokio::time::timeout(Duration::from_secs(20), request.send());
+            sent.await
+                .expect("the request stalled")
+                .expect("request")
+                .status()
+                .as_u16()
+        })
+    };
+    let first = send(reqwest::Method::GET, "first", "");
+    app.wait_held(1).await;
+    let post = send(reqwest::Method::POST, "post", "hello");
+    let get = send(reqwest::Method::GET, "get", "");
+    poll_log_count(&proxy, "Waiting for a connection to the target", 2).await;
+    app.release();
+    for (name, task) in [("first", first), ("post", post), ("get", get)] {
+        let got = task.await;
+        assert!(
+            matches!(got, Ok(200)),
+            "{name}: {got:?}\n{}",
+            proxy.logs().join("\n")
+        );
+    }
+    let seen: Vec<String> = app.requests().into_iter().map(|r| r.seq).collect();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+}
+
 /// A connection that carried a head over 16 KiB leaves the pool after its exchange (hyper
 /// keeps its buffers at that size for as long as it idles: the memory a burst of such
 /// requests held, `bench/rss_bursts.sh`); ordinary heads keep reusing one connection.

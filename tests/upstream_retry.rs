@@ -280,6 +280,17 @@ async fn gets_on_connections_closed_under_them_are_resent_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_post_whose_bytes_were_written_is_not_resent() {
+    posts_written_are_not_resent(vec![b'p'; 2048]).await;
+}
+
+/// The same for a POST without a body (`Content-Length: 0`), which goes over the proxy's
+/// own connection rather than hyper's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bodiless_post_whose_head_was_written_is_not_resent() {
+    posts_written_are_not_resent(Vec::new()).await;
+}
+
+async fn posts_written_are_not_resent(body: Vec<u8>) {
     let (app, proxy) = serve(Policy::ClosesOnReuse).await;
     let c = client();
     // Each POST that is answered leaves its connection in the pool, and the next one takes
@@ -291,7 +302,7 @@ async fn a_post_whose_bytes_were_written_is_not_resent() {
         let r = c
             .post(proxy.url("/work"))
             .header("x-seq", &seq)
-            .body(vec![b'p'; 2048])
+            .body(body.clone())
             .send()
             .await
             .expect("post");

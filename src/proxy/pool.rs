@@ -33,8 +33,10 @@
 //! - `--target-dial-timeout` bounds connecting (name resolution included).
 //!
 //! A bodiless request takes our own connections, a request with a body or an upgrade
-//! hyper's; a request waiting at `--target-max-conns` closes an idle connection of the
-//! other kind to free its slot.
+//! hyper's. At `--target-max-conns`, a waiting request closes an idle connection of the
+//! other kind that nobody waits for, and a connection coming back that no waiting request
+//! can use closes, so its slot goes to one that needs the other kind or a new connection
+//! (which before waited for the idle timeout).
 //!
 //! Kept from hyper-util: a request refused by a reused connection before any of it was
 //! written goes again on another connection (its `retry_canceled_requests`); an idle
@@ -250,6 +252,7 @@ impl Pools {
             idle_count: AtomicUsize::new(0),
             slots,
             returned: Notify::new(),
+            waiting: Default::default(),
             open: AtomicUsize::new(0),
             settings: self.settings,
         });
@@ -298,6 +301,7 @@ impl Pools {
                                 // A connection coming back idle serves this request as well
                                 // as a new one would. Registered before looking again, so
                                 // a connection returned in between is not missed.
+                                let _waiting = Waiting::new(&target.waiting[kind as usize]);
                                 let returned = target.returned.notified();
                                 let mut returned = std::pin::pin!(returned);
                                 returned.as_mut().enable();
@@ -305,8 +309,12 @@ impl Pools {
                                     return Ok((sender, true));
                                 }
                                 // An idle connection of the other kind holds a slot this
-                                // request cannot use: closing it frees one.
-                                drop(target.evict_oldest(Some(kind.other())));
+                                // request cannot use: closing one frees it, unless a request
+                                // of that kind is waiting for it.
+                                let other = &target.waiting[kind.other() as usize];
+                                if other.load(Ordering::Acquire) == 0 {
+                                    drop(target.evict_oldest(Some(kind.other())));
+                                }
                                 tokio::select! {
                                     slot = slots.clone().acquire_owned() => slot.ok(),
                                     _ = returned => continue 'checkout,
@@ -316,6 +324,7 @@ impl Pools {
                             // fresh one) cannot use an idle one: closing the longest-idle
                             // frees its slot, rather than waiting for the reaper or the app.
                             Reuse::Fresh | Reuse::Upgrade => {
+                                let _waiting = Waiting::new(&target.waiting[NEW]);
                                 drop(target.evict_oldest(None));
                                 slots.clone().acquire_owned().await.ok()
                             }
@@ -405,6 +414,9 @@ struct TargetPool {
     slots: Option<Arc<Semaphore>>,
     /// A connection went back to the idle list: a request waiting for a slot may take it.
     returned: Notify,
+    /// Requests waiting at `--target-max-conns`, by what they need: indexed by [`Kind`] for
+    /// an idle connection of that kind, [`NEW`] for a new connection of their own.
+    waiting: [AtomicUsize; 3],
     /// Connections open (connecting excluded), for [`Pools::succeed`].
     open: AtomicUsize,
     settings: PoolSettings,
@@ -433,9 +445,28 @@ struct Upstream {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     /// Ours: a request without a body.
-    Own,
+    Own = 0,
     /// hyper's: a body to stream, or an upgrade.
-    Hyper,
+    Hyper = 1,
+}
+
+/// [`TargetPool::waiting`]'s count of requests that need a new connection of their own.
+const NEW: usize = 2;
+
+/// A request counted as waiting while this lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// An open connection: hyper's (driven by its own task) or ours ([`own`], driven by the
@@ -482,7 +513,8 @@ impl Conn {
 struct OwnConn {
     conn: own::Connection,
     /// Weak: the pool's idle lists hold this connection, and a pool dropped (its service
-    /// removed or redeployed with other pool flags) closes its idle connections at once.
+    /// removed or redeployed with other pool flags) closes our idle connections at once
+    /// (hyper's connection tasks hold theirs until the reaper closes them).
     target: Weak<TargetPool>,
     home: usize,
     /// `--target-max-conns`: the connection's until it closes.
@@ -595,6 +627,15 @@ impl TargetPool {
     /// longest-idle connection of any list closes to make room: the one just used is the
     /// likelier to be wanted again, by the worker that just used it.
     fn put(self: Arc<Self>, conn: Upstream) {
+        if self.slots.is_some() {
+            // At `--target-max-conns`, a connection nobody waiting can use closes, so its
+            // slot goes to a request that needs another kind, or a new connection.
+            let waiting = |i: usize| self.waiting[i].load(Ordering::Acquire);
+            let kind = conn.conn.kind();
+            if waiting(kind as usize) == 0 && waiting(kind.other() as usize) + waiting(NEW) > 0 {
+                return;
+            }
+        }
         while self.idle_count.fetch_add(1, Ordering::Relaxed) >= self.settings.max_idle {
             self.idle_count.fetch_sub(1, Ordering::Relaxed);
             if self.evict_oldest(None).is_none() {
@@ -618,8 +659,8 @@ impl TargetPool {
             ));
         }
         drop(idle);
-        // Only a request waiting at `--target-max-conns` listens. All of them: the first
-        // woken may need the other kind of connection.
+        // Only a request waiting at `--target-max-conns` listens. All of them wake (each
+        // looks for its own kind; those of the other kind wait on).
         if self.slots.is_some() {
             self.returned.notify_waiters();
         }
