@@ -68,7 +68,10 @@ use crate::options::upstream::PoolSettings;
 use hyper_util::rt::TokioIo;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
-type ByTarget = HashMap<Authority, Arc<TargetPool>, BuildHasherDefault<Fnv>>;
+/// Keyed by the target's address as the deploy wrote it (the same `Target` always gives the
+/// same string): hashed in one pass and compared with `memcmp`, where `Authority` hashes
+/// and compares a case-folded byte at a time.
+type ByTarget = HashMap<Box<str>, Arc<TargetPool>, BuildHasherDefault<Fnv>>;
 
 /// One service's connections to its targets, by target address.
 pub struct Pools {
@@ -238,7 +241,7 @@ impl Pools {
 
     /// The pool of `host`, made on its first request.
     fn target(&self, host: &Authority) -> Arc<TargetPool> {
-        if let Some(t) = self.targets.load().get(host) {
+        if let Some(t) = self.targets.load().get(host.as_str()) {
             return t.clone();
         }
         let slots = self
@@ -257,15 +260,15 @@ impl Pools {
             settings: self.settings,
         });
         let map = self.targets.rcu(|map| {
-            if map.contains_key(host) {
+            if map.contains_key(host.as_str()) {
                 return Arc::clone(map);
             }
             let mut map = ByTarget::clone(map);
-            map.insert(host.clone(), made.clone());
+            map.insert(host.as_str().into(), made.clone());
             Arc::new(map)
         });
         // `rcu` returns the map it replaced: ours went in unless another request's did.
-        match map.get(host) {
+        match map.get(host.as_str()) {
             Some(theirs) => theirs.clone(),
             None => made,
         }
@@ -811,8 +814,8 @@ pub(crate) fn connect_failure(err: &(dyn StdError + 'static)) -> Option<ConnectF
     connecting.then_some(ConnectFailure::Failed)
 }
 
-/// FNV-1a: `Authority` hashes itself a byte at a time (case-folded), which costs SipHash
-/// a round per byte; the keys are our own target addresses, not attacker-chosen.
+/// FNV-1a over the address (one `write` for the string, one for its terminator): short
+/// keys, our own target addresses, not attacker-chosen, so SipHash's cost buys nothing.
 #[derive(Default)]
 struct Fnv(u64);
 
