@@ -147,19 +147,13 @@ impl Pools {
             }
         }
         let target = self.target(&host);
-        // A connection's buffers stay at the largest head they held: one whose request or
-        // response head was large closes after its exchange instead of idling.
-        let keep =
-            matches!(reuse, Reuse::Pooled(_)) && head_bytes(req.headers()) <= KEEP_HEAD_LIMIT;
         // Our own connection takes every request it can: one without a body to stream,
         // that does not switch protocols.
         if reuse != Reuse::Upgrade && req.body().is_end_stream() && req.method() != Method::CONNECT
         {
-            return self
-                .send_own(req, &target, &host, reuse, checked_out, keep)
-                .await;
+            return self.send_own(req, &target, &host, reuse, checked_out).await;
         }
-        self.send_hyper(req, &target, &host, reuse, checked_out, keep)
+        self.send_hyper(req, &target, &host, reuse, checked_out)
             .await
     }
 
@@ -172,7 +166,6 @@ impl Pools {
         host: &Authority,
         reuse: Reuse,
         mut checked_out: Option<oneshot::Sender<()>>,
-        keep: bool,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
         loop {
@@ -186,7 +179,11 @@ impl Pools {
             };
             let failed = match conn.conn.send(req.method(), path, req.headers()).await {
                 Ok(head) => {
-                    conn.pooled = keep && head.bytes <= KEEP_HEAD_LIMIT;
+                    // A connection's buffers stay at the largest head they held: one whose
+                    // request or response head was large closes after its exchange.
+                    conn.pooled = matches!(reuse, Reuse::Pooled(_))
+                        && head.request_bytes <= KEEP_HEAD_LIMIT
+                        && head.bytes <= KEEP_HEAD_LIMIT;
                     let response = own::body::response(head, conn);
                     return Ok(response.map(UpstreamBody::Own));
                 }
@@ -207,8 +204,11 @@ impl Pools {
         host: &Authority,
         reuse: Reuse,
         mut checked_out: Option<oneshot::Sender<()>>,
-        keep: bool,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        // hyper keeps a connection's buffers at the largest head they held: one whose request
+        // or response head was large closes after its exchange instead of idling.
+        let keep =
+            matches!(reuse, Reuse::Pooled(_)) && head_bytes(req.headers()) <= KEEP_HEAD_LIMIT;
         // hyper writes the URI as it is: the path only.
         let origin = req
             .uri()

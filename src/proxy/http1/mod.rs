@@ -62,6 +62,8 @@ pub(crate) struct Head {
     pub(crate) keep_alive: bool,
     /// The head's size on the wire.
     pub(crate) bytes: usize,
+    /// The size of the request head that was written.
+    pub(crate) request_bytes: usize,
 }
 
 /// How the end of a response body is found (RFC 9112 §6.3).
@@ -209,13 +211,9 @@ impl Connection {
     /// The request line and fields, as hyper writes them (names as the map holds them,
     /// lower-case; no `Transfer-Encoding`: there is no body to frame).
     fn write_head(&mut self, method: &Method, path: &str, headers: &HeaderMap) {
+        // The buffer keeps its capacity from one request to the next: no sizing pass.
         let out = &mut self.out;
         out.clear();
-        let size: usize = headers
-            .iter()
-            .map(|(n, v)| n.as_str().len() + v.len() + 4)
-            .sum();
-        out.reserve(method.as_str().len() + path.len() + 13 + size + 2);
         out.extend_from_slice(method.as_str().as_bytes());
         out.push(b' ');
         out.extend_from_slice(path.as_bytes());
@@ -366,6 +364,7 @@ impl Connection {
                 framing,
                 keep_alive,
                 bytes: len,
+                request_bytes: self.out.len(),
             }));
         }
     }
