@@ -5,7 +5,10 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use testkit::go_state::{GO_FIXTURE, as_go_reads_it, check_go_decodable};
+use testkit::go_state::{
+    GO_FIXTURE, GO_V0_9_2_FIXTURE, GoRelease, as_go_reads_it, check_go_decodable,
+    check_go_decodable_by,
+};
 use testkit::{
     Proxy, RunOutcome, backend::Backend, client, poll_until, send, try_run_in, unprivileged_uid,
 };
@@ -357,9 +360,19 @@ fn by_name(file: &Value) -> std::collections::BTreeMap<String, Value> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_file_go_wrote_is_restored_and_written_back_as_go_wrote_it() {
-    let go: Value = serde_json::from_str(GO_FIXTURE).unwrap();
-    check_go_decodable(&go).expect("the fixture is what Go writes");
-    let proxy = start_with_state(GO_FIXTURE).await;
+    restored_and_written_back_as_go_wrote_it(GO_FIXTURE, GoRelease::Head).await;
+}
+
+/// v0.9.2 is the oldest release Kamal boots, so the one a rollback most likely lands on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_go_v0_9_2_wrote_is_restored_and_written_back_as_it_wrote_it() {
+    restored_and_written_back_as_go_wrote_it(GO_V0_9_2_FIXTURE, GoRelease::V0_9_2).await;
+}
+
+async fn restored_and_written_back_as_go_wrote_it(fixture: &str, release: GoRelease) {
+    let go: Value = serde_json::from_str(fixture).unwrap();
+    check_go_decodable_by(&go, release).expect("the fixture is what Go writes");
+    let proxy = start_with_state(fixture).await;
     assert!(
         proxy
             .logs()
@@ -388,7 +401,7 @@ async fn a_file_go_wrote_is_restored_and_written_back_as_go_wrote_it() {
     // rollback to the Go image restores exactly these services.
     proxy.ok(&["resume", "fallback"]).await;
     let ours = read_state(&proxy);
-    check_go_decodable(&ours).unwrap();
+    check_go_decodable_by(&ours, release).unwrap();
     let (ours, go) = (by_name(&ours), by_name(&go));
     assert_eq!(
         ours.keys().collect::<Vec<_>>(),
@@ -493,6 +506,10 @@ fn the_go_decodability_check_can_fail() {
             .unwrap_err()
             .contains("active_targets")
     );
+    // v0.9.2's file lacks HEAD's newer keys: HEAD's check refuses it, v0.9.2's takes it.
+    let old: Value = serde_json::from_str(GO_V0_9_2_FIXTURE).unwrap();
+    assert!(check_go_decodable(&old).unwrap_err().contains("is missing"));
+    assert!(check_go_decodable_by(&old, GoRelease::V0_9_2).is_ok());
     let mut go: Value = serde_json::from_str(GO_FIXTURE).unwrap();
     go[2].as_object_mut().unwrap().remove("pause_controller");
     assert!(check_go_decodable(&go).unwrap_err().contains("missing"));

@@ -1,15 +1,40 @@
 //! Go kamal-proxy's view of a state file, so tests can show that a user who rolls back to
 //! the Go image keeps every service.
 //!
-//! `GO_FIXTURE` holds the exact bytes Go kamal-proxy writes (encoding/json: one compact
-//! line, `<`, `>`, `&` escaped, `null` for nil slices, durations as integer nanoseconds,
-//! a trailing newline) for five services as Kamal deploys them. `GO_SCHEMA` is the type
-//! of each of upstream's keys as Go's decoder reads it (`internal/server/service.go`
-//! `marshalledService` and the structs it embeds, upstream §6.2).
+//! `GO_FIXTURE` is a state file in the form Go kamal-proxy's HEAD writes it
+//! (encoding/json: one compact line, `<`, `>`, `&` escaped, `null` for nil slices,
+//! durations as integer nanoseconds, a trailing newline) for five services as Kamal
+//! deploys them; `GO_V0_9_2_FIXTURE` holds the same services as v0.9.2 (the release
+//! Kamal's `MINIMUM_VERSION` names) writes them: without the three keys added after it
+//! (`tls_on_demand_url`, `exclude_metrics_paths`, `client_ip_header`, upstream §0.2).
+//! Both are written from upstream's struct definitions and field order
+//! (`internal/server/service.go` `marshalledService` and the structs it embeds, upstream
+//! §6.2): no Go toolchain or kamal-proxy source can be fetched on this machine, so they
+//! were not produced by running Go. `GO_SCHEMA` is the type of each of upstream's keys as
+//! Go's decoder reads it.
 
 use serde_json::Value;
 
 pub const GO_FIXTURE: &str = include_str!("../../tests/fixtures/go-kamal-proxy.state");
+pub const GO_V0_9_2_FIXTURE: &str =
+    include_str!("../../tests/fixtures/go-kamal-proxy-v0.9.2.state");
+
+/// The keys of `GO_SCHEMA` that v0.9.2's structs do not have yet (upstream §0.2): its
+/// decoder ignores them, and a file it wrote lacks them.
+pub const NEWER_THAN_V0_9_2: [&str; 3] = [
+    "tls_on_demand_url",
+    "exclude_metrics_paths",
+    "client_ip_header",
+];
+
+/// A Go release whose decoder a state file must satisfy.
+#[derive(Clone, Copy, Debug)]
+pub enum GoRelease {
+    /// v0.9.2, the oldest release Kamal boots.
+    V0_9_2,
+    /// Upstream's HEAD: every key of `GO_SCHEMA`.
+    Head,
+}
 
 /// Go's field types, by JSON key. `[string]` is a Go `[]string` (null decodes as nil),
 /// `[target]` one whose every entry must match upstream's target pattern
@@ -49,7 +74,18 @@ pub const GO_SCHEMA: &str = r#"{
 /// takes, and no added key that Go's case-insensitive matching would read into one of
 /// its fields.
 pub fn check_go_decodable(file: &Value) -> Result<(), String> {
-    let schema: Value = serde_json::from_str(GO_SCHEMA).expect("GO_SCHEMA is JSON");
+    check_go_decodable_by(file, GoRelease::Head)
+}
+
+/// `check_go_decodable` against one release's fields.
+pub fn check_go_decodable_by(file: &Value, release: GoRelease) -> Result<(), String> {
+    let mut schema: Value = serde_json::from_str(GO_SCHEMA).expect("GO_SCHEMA is JSON");
+    if let GoRelease::V0_9_2 = release {
+        let options = schema["options"].as_object_mut().expect("options");
+        for key in NEWER_THAN_V0_9_2 {
+            options.remove(key).expect("a key of GO_SCHEMA");
+        }
+    }
     let services = file
         .as_array()
         .ok_or_else(|| format!("top level is not an array: {file}"))?;

@@ -1,0 +1,103 @@
+//! How a request to a target failed, worded as hyper-util's errors were (log lines are
+//! unchanged).
+
+use http::Request;
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use super::super::body::RequestBody;
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// A failure to reach a target or to exchange with it.
+pub(crate) struct UpstreamError {
+    /// hyper-util's name for the stage that failed.
+    kind: &'static str,
+    source: BoxError,
+    /// The request, when it had no body and can be sent again.
+    request: Option<Box<Request<RequestBody>>>,
+}
+
+impl UpstreamError {
+    pub(super) fn new(kind: &'static str, source: BoxError) -> Self {
+        UpstreamError {
+            kind,
+            source,
+            request: None,
+        }
+    }
+
+    pub(super) fn with_request(mut self, req: Request<RequestBody>) -> Self {
+        self.request = Some(Box::new(req));
+        self
+    }
+
+    /// The request that failed, when it can be sent again as it is (it had no body).
+    pub(crate) fn take_request(&mut self) -> Option<Request<RequestBody>> {
+        self.request.take().map(|r| *r)
+    }
+}
+
+impl fmt::Debug for UpstreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamError")
+            .field("kind", &self.kind)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "client error ({})", self.kind)
+    }
+}
+
+impl StdError for UpstreamError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// `--target-dial-timeout` passed while connecting.
+#[derive(Debug)]
+pub(crate) struct DialTimeout(pub Duration);
+
+impl fmt::Display for DialTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dial timed out after {}",
+            crate::gotime::format_duration(self.0.as_nanos().try_into().unwrap_or(i64::MAX))
+        )
+    }
+}
+
+impl StdError for DialTimeout {}
+
+/// How connecting to the target failed, when that is what failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConnectFailure {
+    /// Refused, unreachable, reset while connecting, a name that does not resolve: no
+    /// byte of the request reached the target.
+    Failed,
+    /// `--target-dial-timeout` passed.
+    TimedOut(Duration),
+}
+
+/// Whether `err` (from [`Pools::send`]) is a failure to connect, and which.
+pub(crate) fn connect_failure(err: &(dyn StdError + 'static)) -> Option<ConnectFailure> {
+    let mut next = Some(err);
+    let mut connecting = false;
+    while let Some(e) = next {
+        if let Some(u) = e.downcast_ref::<UpstreamError>() {
+            connecting = u.kind == "Connect";
+        }
+        if let Some(t) = e.downcast_ref::<DialTimeout>() {
+            return Some(ConnectFailure::TimedOut(t.0));
+        }
+        next = e.source();
+    }
+    connecting.then_some(ConnectFailure::Failed)
+}
