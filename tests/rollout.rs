@@ -300,14 +300,29 @@ async fn a_restart_restores_the_rollout_in_upstream_s_keys() {
     assert_eq!(writes("1").await, "active");
     // Reads of the rollout go to its reader.
     assert_eq!(get_as(&proxy, "/", Some("first")).await.body, "reader");
+    // `list --json` as the fork fills it: the rollout pool's targets, readers included
+    // (after the writers); the readers alone under our added key.
     let json = proxy.list_json().await;
     assert_eq!(
         json["services"]["app"]["rollout_targets"],
-        json!([next.target()])
+        json!([next.target(), reader.target()])
+    );
+    assert_eq!(
+        json["services"]["app"]["rollout_reader_targets"],
+        json!([reader.target()])
     );
     assert_eq!(
         json["services"]["app"]["rollout_allowlist"],
         json!(["first"])
+    );
+    assert_eq!(
+        proxy.list_rows().await[0][3],
+        format!(
+            "{} (rollout: {},{})",
+            active.target(),
+            next.target(),
+            reader.target()
+        )
     );
 
     // After `rollout stop` the file says so, in upstream's shape.
@@ -559,4 +574,219 @@ async fn a_go_written_rollout_restores() {
     assert_eq!(get_as(&proxy, "/", None).await.body, "active");
     let json = proxy.list_json().await;
     assert_eq!(json["services"]["fallback"]["rollout_percentage"], 21);
+}
+
+/// Pause with a rollout pool (upstream §4.6): the pause drains the in-flight requests of
+/// both pools, then a request the split sends to the rollout pool is held, reaching no
+/// pool, until `resume` lets it through to the rollout pool.
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_drains_both_pools_and_holds_the_rollout_s_requests_until_resume() {
+    let active = Backend::start("active").await;
+    let next = Backend::start("next").await;
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &active.target(), &[]).await;
+    rollout_deploy(&proxy, "app", &next.target()).await;
+    proxy.ok(&["rollout", "set", "app", "--list=1"]).await;
+
+    let request = |path: &str, cookie: Option<&'static str>| {
+        let url = proxy.url(path);
+        tokio::spawn(async move {
+            let mut req = client().get(url);
+            if let Some(v) = cookie {
+                req = req.header("cookie", format!("kamal-rollout={v}"));
+            }
+            let r = req.send().await.expect("request");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        })
+    };
+    // A slow request in flight on each pool: the pause's drain gives up on both.
+    let on_active = request("/slow?ms=10000", None);
+    let on_rollout = request("/slow?ms=10000", Some("1"));
+    poll_until(
+        "a slow request on each pool",
+        Duration::from_secs(5),
+        || async { active.hits() == 1 && next.hits() == 1 },
+    )
+    .await;
+    proxy
+        .ok(&["pause", "app", "--drain-timeout=200ms", "--max-pause=30s"])
+        .await;
+    assert_eq!(on_active.await.unwrap().0, 504, "active pool drained");
+    assert_eq!(on_rollout.await.unwrap().0, 504, "rollout pool drained");
+
+    // Paused: the rollout's request waits, and reaches no target meanwhile.
+    let held = request("/", Some("1"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!held.is_finished(), "held while paused");
+    assert_eq!((active.hits(), next.hits()), (1, 1));
+
+    proxy.ok(&["resume", "app"]).await;
+    assert_eq!(held.await.unwrap(), (200, "next".to_string()));
+    assert_eq!(get_as(&proxy, "/", None).await.body, "active");
+}
+
+/// The log line with this `msg` after the first `skip` lines, parsed, without `time`.
+async fn log_entry(proxy: &Proxy, skip: usize, msg: &str) -> serde_json::Value {
+    let line = proxy
+        .wait_for_log_after(skip, msg, |l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["msg"] == msg)
+        })
+        .await;
+    let mut v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    v.as_object_mut().unwrap().remove("time");
+    v
+}
+
+/// Upstream's messages and attributes (§7.1; `router.go`, `service.go`): lists as JSON
+/// arrays, an allow list given by no `--list` as Go's `null`.
+#[tokio::test(flavor = "multi_thread")]
+async fn rollout_commands_log_upstream_s_lines() {
+    let active = Backend::start("active").await;
+    let next = Backend::start("next").await;
+    let reader = Backend::start("reader").await;
+    let proxy = Proxy::start().await;
+    proxy.deploy("app", &active.target(), &[]).await;
+
+    let mark = proxy.logs().len();
+    proxy
+        .ok(&[
+            "rollout",
+            "deploy",
+            "app",
+            &format!("--target={}", next.target()),
+            &format!("--read-target={}", reader.target()),
+            "--deploy-timeout=5s",
+        ])
+        .await;
+    let targets = json!([next.target()]);
+    assert_eq!(
+        log_entry(&proxy, mark, "Deploying for rollout").await,
+        json!({"level": "INFO", "msg": "Deploying for rollout", "service": "app", "targets": targets})
+    );
+    assert_eq!(
+        log_entry(&proxy, mark, "Deployed for rollout").await,
+        json!({"level": "INFO", "msg": "Deployed for rollout", "service": "app", "targets": targets})
+    );
+
+    let mark = proxy.logs().len();
+    proxy
+        .ok(&["rollout", "set", "app", "--percent=20", "--list=a,b"])
+        .await;
+    assert_eq!(
+        log_entry(&proxy, mark, "Set rollout split").await,
+        json!({"level": "INFO", "msg": "Set rollout split", "service": "app",
+               "percentage": 20, "allowlist": ["a", "b"]})
+    );
+    let mark = proxy.logs().len();
+    proxy.ok(&["rollout", "set", "app", "--percent=5"]).await;
+    assert_eq!(
+        log_entry(&proxy, mark, "Set rollout split").await,
+        json!({"level": "INFO", "msg": "Set rollout split", "service": "app",
+               "percentage": 5, "allowlist": null})
+    );
+
+    let mark = proxy.logs().len();
+    proxy.ok(&["rollout", "stop", "app"]).await;
+    assert_eq!(
+        log_entry(&proxy, mark, "Stopped rollout").await,
+        json!({"level": "INFO", "msg": "Stopped rollout", "service": "app"})
+    );
+    let old = [
+        "Deploying rollout",
+        "Deployed rollout",
+        "Rollout split set",
+        "Rollout stopped",
+    ];
+    let logs = proxy.logs();
+    assert!(
+        !logs.iter().any(|l| old.iter().any(|o| l.contains(o))),
+        "{logs:#?}"
+    );
+}
+
+/// `rollout set --percent` without `--list` saves the allow list as Go does (`null`), and
+/// the file restores the same split.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_percentage_without_a_list_saves_go_s_null() {
+    let active = Backend::start("active").await;
+    let next = Backend::start("next").await;
+    let mut proxy = Proxy::start().await;
+    proxy.deploy("app", &active.target(), &[]).await;
+    rollout_deploy(&proxy, "app", &next.target()).await;
+    proxy.ok(&["rollout", "set", "app", "--percent=21"]).await;
+
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(proxy.state_file()).unwrap()).unwrap();
+    check_go_decodable(&saved).unwrap();
+    let split = &saved[0]["rollout_controller"];
+    assert_eq!(
+        (&split["percentage"], &split["allowlist"]),
+        (&json!(21), &json!(null)),
+        "{split}"
+    );
+    let point = split["percentage_split_point"].as_f64().unwrap();
+    assert!((point - 901_943_131.95).abs() < 1e-3, "{split}");
+
+    proxy.restart().await;
+    // "1" hashes to 20.33 % (in), "3" to 21.11 % (out).
+    assert_eq!(
+        served(&proxy, &["1", "3"]).await,
+        expect(&[("1", "next"), ("3", "active")])
+    );
+    assert_eq!(
+        proxy.list_json().await["services"]["app"]["rollout_allowlist"],
+        json!([])
+    );
+}
+
+/// Upstream's CLI sends `rollout deploy` addresses unchecked: the server answers, the
+/// service first (`service not found` whatever the address), then the address, before
+/// anything is probed or saved.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_rollout_address_is_the_server_s_to_refuse() {
+    let active = Backend::start("active").await;
+    let proxy = Proxy::start().await;
+    assert_eq!(
+        proxy
+            .fails(&["rollout", "deploy", "app", "--target=a/b"])
+            .await,
+        "Error: service not found\n"
+    );
+
+    proxy.deploy("app", &active.target(), &[]).await;
+    let before = std::fs::read(proxy.state_file()).unwrap();
+    assert_eq!(
+        proxy
+            .fails(&["rollout", "deploy", "app", "--target=a/b"])
+            .await,
+        "Error: a/b :invalid host pattern\n"
+    );
+    assert_eq!(
+        proxy
+            .fails(&[
+                "rollout",
+                "deploy",
+                "app",
+                &format!("--target={}", active.target()),
+                "--read-target=http://x",
+            ])
+            .await,
+        "Error: http://x :invalid host pattern\n"
+    );
+    assert_eq!(
+        std::fs::read(proxy.state_file()).unwrap(),
+        before,
+        "nothing saved"
+    );
+    assert_eq!(
+        proxy.list_json().await["services"]["app"]["rollout_targets"],
+        json!([])
+    );
+    assert_eq!(
+        proxy
+            .fails(&["rollout", "set", "app", "--percent=10"])
+            .await,
+        "Error: rollout target not set\n",
+        "no pool installed"
+    );
 }

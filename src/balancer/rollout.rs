@@ -7,7 +7,7 @@
 //! The serde shape is upstream's `rollout_controller` state key, so Go kamal-proxy reads a
 //! saved split back as it would have written it.
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The cookie whose value decides a request's side of the split.
 pub const ROLLOUT_COOKIE: &str = "kamal-rollout";
@@ -25,9 +25,23 @@ pub struct RolloutSplit {
     /// against this value, so a file read back routes exactly as it did.
     #[serde(default)]
     pub percentage_split_point: f64,
-    /// `rollout set --list`: cookie values that always go to the rollout pool.
-    #[serde(default, deserialize_with = "null_as_empty")]
+    /// `rollout set --list`: cookie values that always go to the rollout pool. Written as
+    /// `null` when empty, as Go writes it (an empty list reaches upstream's server as a nil
+    /// slice); `null` and `[]` both load.
+    #[serde(
+        default,
+        serialize_with = "empty_as_null",
+        deserialize_with = "null_as_empty"
+    )]
     pub allowlist: Vec<String>,
+}
+
+fn empty_as_null<S: Serializer>(list: &[String], s: S) -> Result<S::Ok, S::Error> {
+    if list.is_empty() {
+        s.serialize_none()
+    } else {
+        list.serialize(s)
+    }
 }
 
 fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -133,5 +147,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(go, RolloutSplit::new(20, vec![]));
+        // And we write what Go writes for it; an empty list read back is the same split.
+        assert_eq!(
+            serde_json::to_value(&go).unwrap()["allowlist"],
+            serde_json::Value::Null
+        );
+        let ours: RolloutSplit = serde_json::from_str(
+            r#"{"percentage":20,"percentage_split_point":858993459,"allowlist":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(ours, go);
     }
 }

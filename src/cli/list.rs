@@ -77,13 +77,8 @@ fn target_cell(d: &crate::control::ServiceDescription) -> String {
     if d.rollout_targets.is_empty() {
         return d.target.clone();
     }
-    let rollout: Vec<&str> = d
-        .rollout_targets
-        .iter()
-        .chain(&d.rollout_reader_targets)
-        .map(String::as_str)
-        .collect();
-    format!("{} (rollout: {})", d.target, rollout.join(","))
+    // `rollout_targets` holds the readers too (as the fork's, and as `target` does).
+    format!("{} (rollout: {})", d.target, d.rollout_targets.join(","))
 }
 
 pub fn render_table(list: &ListResponse) -> String {

@@ -47,9 +47,15 @@ fn description(s: &Service) -> ServiceDescription {
         path_prefixes: o.path_prefixes.clone(),
         targets: writers,
         reader_targets: readers,
+        // As the fork fills it: every target of the rollout pool, writers then readers
+        // (like `target` for the active pool).
         rollout_targets: rollout
             .as_ref()
-            .map(|p| specs(p.writer_specs()))
+            .map(|p| {
+                let mut all = specs(p.writer_specs());
+                all.extend(specs(p.reader_specs()));
+                all
+            })
             .unwrap_or_default(),
         rollout_reader_targets: rollout
             .as_ref()

@@ -69,8 +69,8 @@ pub struct ServiceDescription {
     pub path_prefixes: Vec<String>,
     pub targets: Vec<String>,
     pub reader_targets: Vec<String>,
-    /// The rollout pool's writers (the fork's key), empty without a rollout; and its
-    /// readers and split (added keys).
+    /// Every target of the rollout pool, writers then readers (the fork's key), empty
+    /// without a rollout; and its readers alone and its split (added keys).
     #[serde(default)]
     pub rollout_targets: Vec<String>,
     #[serde(default)]

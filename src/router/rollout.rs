@@ -41,8 +41,11 @@ impl Router {
             readers,
             deployment,
         } = args;
-        // Upstream's order: the service, then the addresses (checked as the pool is built).
+        // Upstream's order: the service, then the addresses (checked as the pool is built,
+        // before anything is probed, woken or saved).
         let service = self.service_named(&name).await?;
+        let targets_field = list_field("targets", &targets);
+        tracing::info!(service = %name, json_fields = targets_field.as_str(), "Deploying for rollout");
         let config = service.config();
         let lb = LoadBalancer::new(
             &name,
@@ -56,7 +59,6 @@ impl Router {
         )?;
         let _keep_awake = keep_awake(Some(&service), "rollout").await?;
 
-        tracing::info!(service = %name, targets = %targets.join(","), "Deploying rollout");
         lb.start_health_checks(ProbeMode::Deploy);
         let timeout = deployment.deploy_timeout;
         if lb.wait_until_healthy(timeout.to_std()).await.is_err() {
@@ -91,7 +93,7 @@ impl Router {
             old.stop_health_checks();
             old.drain(deployment.drain_timeout.to_std()).await;
         }
-        tracing::info!(service = %name, targets = %targets.join(","), "Deployed rollout");
+        tracing::info!(service = %name, json_fields = targets_field.as_str(), "Deployed for rollout");
         Ok(())
     }
 
@@ -113,7 +115,8 @@ impl Router {
         let split = RolloutSplit::new(percentage, allowlist);
         let changed = snapshot(&service).with_rollout(Some(&pool), Some(&split));
         self.store.save(snapshots(&services, Some(changed))).await?;
-        tracing::info!(service = %name, percentage, allowlist = %split.allowlist.join(","), "Rollout split set");
+        let allowlist = list_field("allowlist", &split.allowlist);
+        tracing::info!(service = %name, percentage, json_fields = allowlist.as_str(), "Set rollout split");
         service.set_rollout_split(Some(split));
         // The rollout's containers now sleep and wake with the service's.
         self.sync_sleep(&service, &service.config().options, IdleState::Active);
@@ -132,7 +135,7 @@ impl Router {
         self.store.save(snapshots(&services, Some(changed))).await?;
         service.set_rollout_split(None);
         self.sync_sleep(&service, &service.config().options, IdleState::Active);
-        tracing::info!(service = %name, "Rollout stopped");
+        tracing::info!(service = %name, "Stopped rollout");
         Ok(())
     }
 
@@ -144,4 +147,11 @@ impl Router {
             .cloned()
             .ok_or_else(|| "service not found".to_string())
     }
+}
+
+/// A list attribute of upstream's log lines (`"targets":["web:80"]`), as slog writes it.
+fn list_field(key: &str, values: &[String]) -> String {
+    let mut out = String::new();
+    crate::observe::log::json_string_list_member(&mut out, key, values);
+    out
 }

@@ -33,6 +33,26 @@ pub fn json_escape_into(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// Appends the member `"key":["a","b"]` to a `json_fields` fragment, as slog writes a
+/// `[]string` attribute. An empty list is `null`: an empty list reaches upstream's server as
+/// Go's nil slice (gob does not send empty slices), which slog writes as `null`.
+pub fn json_string_list_member(out: &mut String, key: &str, values: &[String]) {
+    json_escape_into(out, key);
+    out.push(':');
+    if values.is_empty() {
+        out.push_str("null");
+        return;
+    }
+    out.push('[');
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        json_escape_into(out, v);
+    }
+    out.push(']');
+}
+
 /// Appends header bytes as a JSON string: as they are when they are plain ASCII (no
 /// UTF-8 check needed), else decoded as UTF-8 (invalid sequences replaced) and escaped.
 pub fn json_escape_bytes_into(out: &mut String, bytes: &[u8]) {

@@ -330,6 +330,21 @@ fn json_fields_fragment_is_spliced_verbatim() {
 }
 
 #[test]
+fn string_lists_are_written_as_slog_writes_a_go_slice() {
+    let mut fragment = String::new();
+    json_string_list_member(&mut fragment, "targets", &["a:80".into(), "b\"c".into()]);
+    fragment.push(',');
+    json_string_list_member(&mut fragment, "allowlist", &[]);
+    let (line, _) = one_line(|| {
+        tracing::info!(service = "app", json_fields = fragment.as_str(), "m");
+    });
+    assert_eq!(
+        without_time(&line),
+        r#","level":"INFO","msg":"m","service":"app","targets":["a:80","b\"c"],"allowlist":null}"#
+    );
+}
+
+#[test]
 fn json_fields_keeps_field_position_and_skips_empty() {
     let (line, _) = one_line(|| {
         tracing::info!(a = 1, json_fields = "\"b\":2", c = 3, "m");
