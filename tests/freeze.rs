@@ -61,6 +61,20 @@ async fn a_frozen_service_thaws_for_a_chunked_post_that_arrives_intact() {
     let listed = &p.list_json().await["services"]["app"];
     assert_eq!(listed["sleep_state"], "frozen");
     assert!(listed["asleep_seconds"].is_u64(), "{listed}");
+    // The table says for how long, in Go's duration style (`frozen 3s`).
+    let rows = p.list_rows().await;
+    let state = rows
+        .iter()
+        .find(|row| row[0] == "app")
+        .and_then(|row| row.iter().find_map(|cell| cell.strip_prefix("frozen ")))
+        .unwrap_or_else(|| panic!("no `frozen <duration>` cell: {rows:?}"));
+    assert!(
+        state.ends_with('s')
+            && state[..state.len() - 1]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || b == b'm' || b == b'h'),
+        "not a Go duration: {state:?}"
+    );
     let state = std::fs::read_to_string(p.state_file()).unwrap();
     assert!(state.contains("\"idle_state\":\"frozen\""), "{state}");
     // Health checks are answered while frozen, without a thaw.

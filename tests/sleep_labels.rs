@@ -192,3 +192,113 @@ async fn no_container_matching_refuses_the_deploy_then_fails_the_wake_without_de
     })
     .await;
 }
+
+async fn deploy_freezing(p: &Proxy, c: &TestContainer, service_label: &str, extra: &[&str]) {
+    let label = format!("--sleep-label=service={service_label}");
+    let mut flags = vec![
+        "--freeze-after=1s",
+        label.as_str(),
+        "--sleep-label=role=web",
+        "--health-check-interval=200ms",
+    ];
+    flags.extend_from_slice(extra);
+    p.deploy("app", &format!("127.0.0.1:{}", c.port), &flags)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_freeze_tier_labels_pick_what_is_frozen_thawed_stopped_and_started() {
+    if !docker::require_docker() {
+        return;
+    }
+    let label = format!("lbl-frz-{}-{}", std::process::id(), docker::now_unix());
+    // An older version, stopped and kept for a rollback, then the current one.
+    let old = version("lbl-frz-old", &label);
+    docker::stop(&old.name);
+    let v1 = version("lbl-frz-v1", &label);
+    let v1_id = docker::container_id(&v1.name);
+    let p = proxy().await;
+    let since = docker::now_precise();
+    deploy_freezing(&p, &v1, &label, &["--sleep-after=4s"]).await;
+
+    p.wait_for_state("app", "frozen", Duration::from_secs(20))
+        .await;
+    assert_eq!(
+        p.list_json().await["services"]["app"]["sleep_containers"],
+        serde_json::json!([v1_id])
+    );
+    assert_eq!(answered_by(&p, "/thawed").await, "lbl-frz-v1");
+
+    // Idle again: frozen, then stopped; the next request starts the same container.
+    asleep(&p).await;
+    assert_eq!(docker::status(&v1.name), "exited");
+    assert_eq!(
+        p.list_json().await["services"]["app"]["sleep_containers"],
+        serde_json::json!([v1_id])
+    );
+    assert_eq!(answered_by(&p, "/started").await, "lbl-frz-v1");
+    for from in ["frozen", "sleeping"] {
+        p.wait_for_log(&format!("the wake from {from}"), |l| {
+            l.contains("Service awake") && l.contains(&format!("\"from\":\"{from}\""))
+        })
+        .await;
+    }
+    // The engine's record of the labelled container: paused, thawed (not started), paused
+    // again, stopped (Docker's stop of a paused container kills, unpauses and so on), and
+    // started once, by the wake from stopped.
+    let actions = docker::actions_before_marker(&v1.name, &since).await;
+    assert_eq!(actions[..3], ["pause", "unpause", "pause"], "{actions:?}");
+    assert_eq!(
+        actions.last().map(String::as_str),
+        Some("start"),
+        "{actions:?}"
+    );
+    assert_eq!(
+        actions.iter().filter(|a| *a == "start").count(),
+        1,
+        "{actions:?}"
+    );
+    assert!(actions.iter().any(|a| a == "die"), "{actions:?}");
+    assert!(
+        docker::actions_before_marker(&old.name, &since)
+            .await
+            .is_empty(),
+        "the kept version was touched"
+    );
+    assert_eq!(docker::status(&old.name), "exited");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_thaw_stops_the_stand_in_it_started() {
+    if !docker::require_docker() {
+        return;
+    }
+    let label = format!("lbl-frz-fail-{}-{}", std::process::id(), docker::now_unix());
+    let v1 = version("lbl-frz-gone", &label);
+    let p = proxy().await;
+    deploy_freezing(&p, &v1, &label, &["--sleep-after=1h", "--wake-timeout=3s"]).await;
+    p.wait_for_state("app", "frozen", Duration::from_secs(20))
+        .await;
+    // The frozen container is removed and recreated, stopped, but listening elsewhere: the
+    // wake starts it in its place and it never serves the target.
+    drop(v1);
+    let stand_in = version("lbl-frz-standin", &label);
+    docker::stop(&stand_in.name);
+    let stand_in_id = docker::container_id(&stand_in.name);
+
+    let r = client().get(p.url("/")).send().await.unwrap();
+    assert!(r.status().is_server_error(), "{}", r.status());
+    p.wait_for_log("the stand-in", |l| {
+        l.contains("Waking the newest container the labels match") && l.contains(&stand_in_id)
+    })
+    .await;
+    p.wait_for_log("the failed thaw", |l| l.contains("Failed to wake service"))
+        .await;
+    // Recorded as sleeping only once the cleanup is done: nothing may be left running.
+    asleep(&p).await;
+    assert_eq!(
+        docker::status(&stand_in.name),
+        "exited",
+        "the stand-in this wake started was left running while the service sleeps"
+    );
+}

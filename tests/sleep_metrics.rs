@@ -117,6 +117,9 @@ async fn a_sleep_wake_cycle_in_each_tier_is_counted_and_the_endpoint_lints_clean
     });
     p.wait_for_metric("kamal_proxy_service_held_requests{service=\"app\"}", 1.0)
         .await;
+    // The boot takes 2 s: the wake in progress shows in the state gauge.
+    p.wait_for_metric(&state("app", "waking"), 1.0).await;
+    assert_eq!(metric(&p, &state("app", "sleeping")).await, 0.0);
     assert_eq!(held.await.unwrap(), 200);
     assert_eq!(get(&p, "frz.test").await, 200);
 
@@ -312,4 +315,71 @@ async fn prometheus_answers_promql_for_the_wake_count_and_the_wake_time_quantile
         (low..=high).contains(&p90),
         "p90 {p90} outside [{low}, {high}] holding the logged wake of {wake_seconds}s"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_wake_is_counted_as_a_failure_and_the_service_sleeps() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = docker::run_app_container("met-fail", Duration::ZERO);
+    docker::wait_until_ready(&c).expect("app ready");
+    let p = proxy().await;
+    deploy(&p, "app", &c, "--sleep-after=1s").await;
+    let state = |state: &str| {
+        format!("kamal_proxy_service_idle_state{{service=\"app\",state=\"{state}\"}}")
+    };
+    p.wait_for_metric(&state("sleeping"), 1.0).await;
+    docker::remove(&c.name);
+
+    assert_eq!(get(&p, "app.test").await, 503);
+    let wakes = |result: &str| {
+        format!(
+            "kamal_proxy_service_wakes_total{{result=\"{result}\",service=\"app\",tier=\"sleeping\"}}"
+        )
+    };
+    p.wait_for_metric(&wakes("failure"), 1.0).await;
+    assert_eq!(metric(&p, &wakes("success")).await, 0.0);
+    assert_eq!(
+        metric(
+            &p,
+            "kamal_proxy_service_wake_duration_seconds_count{service=\"app\",tier=\"sleeping\"}"
+        )
+        .await,
+        0.0,
+        "a failed wake is no wake time"
+    );
+    // After the clean-up it is asleep again, not stuck waking.
+    p.wait_for_metric(&state("sleeping"), 1.0).await;
+    assert_eq!(metric(&p, &state("waking")).await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_restores_the_frozen_state_in_the_gauge() {
+    if !docker::require_docker() {
+        return;
+    }
+    let c = docker::run_app_container("met-restart", Duration::ZERO);
+    docker::wait_until_ready(&c).expect("app ready");
+    let mut p = proxy().await;
+    deploy(&p, "frz", &c, "--freeze-after=1s").await;
+    let state = |state: &str| {
+        format!("kamal_proxy_service_idle_state{{service=\"frz\",state=\"{state}\"}}")
+    };
+    p.wait_for_metric(&state("frozen"), 1.0).await;
+
+    let since = docker::now_precise();
+    p.restart().await;
+    // Read at once: restored frozen, not active and frozen again by the idle timer, which
+    // the engine's record confirms (nothing was done to the container).
+    assert_eq!(metric(&p, &state("frozen")).await, 1.0);
+    assert_eq!(metric(&p, &state("active")).await, 0.0);
+    assert!(
+        docker::actions_before_marker(&c.name, &since)
+            .await
+            .is_empty(),
+        "the restart touched the container"
+    );
+    assert_eq!(get(&p, "frz.test").await, 200);
+    assert_eq!(metric(&p, &state("active")).await, 1.0);
 }

@@ -270,6 +270,11 @@ async fn serve(args: RunArgs, workers: Workers) -> Result<(), String> {
         acme_email,
         data_dir.join(crate::config::CERTS_DIR_NAME),
     );
+    // Before the restore: each restored service's sleep series are made as its idle
+    // controller is, and would otherwise be missing until its next deploy.
+    if args.metrics_port != 0 {
+        crate::observe::metrics::enable()?;
+    }
     router
         .restore(RestorePolicy {
             ignore_errors: args.ignore_restore_errors,
@@ -284,7 +289,6 @@ async fn serve(args: RunArgs, workers: Workers) -> Result<(), String> {
     // `--metrics-port 0` means disabled (upstream), so a bound metrics port is never 0.
     let mut metrics = None;
     if args.metrics_port != 0 {
-        crate::observe::metrics::enable()?;
         let listener = match inherited.take(Role::Metrics, args.metrics_port) {
             Some(l) => l,
             None => server::bind(args.metrics_port, reuse).await?,

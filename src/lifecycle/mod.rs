@@ -36,7 +36,8 @@ pub trait ContainerLifecycle: Send + Sync + 'static {
     /// Succeeds when the container is running afterwards, including when it already was.
     fn thaw<'a>(&'a self, container: &'a str) -> LifecycleFuture<'a, ()>;
 
-    /// Every container (running or not) carrying all of `labels` (`key=value` each).
+    /// Every container (running or not) carrying all of `labels` (`key=value` each), newest
+    /// first when the runtime orders them (Docker does).
     fn list<'a>(&'a self, labels: &'a [String]) -> LifecycleFuture<'a, Vec<ListedContainer>>;
 }
 
@@ -46,6 +47,7 @@ pub struct ListedContainer {
     /// The full id: what a sleep remembers, so a wake starts exactly that container.
     pub id: String,
     /// Creation time, Unix seconds: the newest stands in for a remembered one that is gone.
+    /// Docker lists newest first by the exact time, which breaks ties within a second.
     pub created: i64,
     /// Running, frozen or restarting: what a sleep has to stop.
     pub live: bool,

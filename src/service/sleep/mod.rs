@@ -18,8 +18,9 @@
 //! The containers are either a fixed list (`--sleep-container`, or the targets' ids) or
 //! selected by Docker labels (`--sleep-label`) at each transition: a sleep acts on the
 //! running matching containers and remembers their ids; a wake starts those ids, and only
-//! a remembered one that is gone is replaced by the newest matching container, so an older
-//! version Kamal keeps for rollback is never started by a wake.
+//! when a remembered one is gone does the newest matching container stand in (unless the
+//! wake already started it), so an older version Kamal keeps for rollback is never started
+//! by a wake.
 //!
 //! A deploy that changes the container set supersedes whatever is in progress: an active
 //! service stays active, any other is woken with the new set.

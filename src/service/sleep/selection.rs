@@ -1,16 +1,19 @@
 //! Which containers a transition acts on: a fixed list, or the containers Docker labels
 //! select (`--sleep-label`). A freeze or stop acts on the running matches and remembers
-//! their ids; a wake brings those back, and only a remembered one that is gone (Kamal
-//! pruned or recreated it) is replaced by the newest match. An older version Kamal keeps
-//! stopped for rollback is therefore never started by a wake. Also here: why a wake failed
-//! (the failures a selection adds among them), as the log tells it.
+//! their ids; a wake brings those back, and only when a remembered one is gone (Kamal
+//! pruned or recreated it) does the newest match stand in, at most one, and none when it is
+//! one of the remembered ones this wake just brought back: anything else would be older.
+//! An older version Kamal keeps stopped for rollback is therefore never started by a wake.
+//! Also here: why a wake failed (the failures a selection adds among them), as the log
+//! tells it.
 
 use std::fmt;
 
 use tokio::time::{Instant, timeout_at};
 
+use super::transitions::may_have_started;
 use super::{Inner, STOP_BUDGET, Shared};
-use crate::lifecycle::LifecycleError;
+use crate::lifecycle::{LifecycleError, ListedContainer};
 
 /// What a freeze, stop or wake acts on, copied from the controller's state when the
 /// operation begins.
@@ -36,6 +39,27 @@ impl Plan {
         } else {
             self.remembered.clone()
         }
+    }
+
+    /// What a failed wake stops before the service is recorded as sleeping: everything it
+    /// may have started (`maybe_running`), a stand-in among them; from frozen also every
+    /// container it was to thaw, since a failed thaw leaves the ones after it frozen, and
+    /// frozen is not asleep.
+    pub(super) fn after_failed_wake(
+        &self,
+        frozen: bool,
+        maybe_running: Vec<String>,
+    ) -> Vec<String> {
+        if !frozen {
+            return maybe_running;
+        }
+        let mut cleanup = self.wake_targets();
+        for container in maybe_running {
+            if !cleanup.contains(&container) {
+                cleanup.push(container);
+            }
+        }
+        cleanup
     }
 
     /// For the log: the fixed list, or the labels and the remembered ids.
@@ -73,7 +97,9 @@ impl Shared {
     }
 
     /// After a wake found a remembered container gone (or had none to remember): starts
-    /// the newest container the labels match that this wake has not started already.
+    /// the newest container the labels match, unless this wake has already brought it
+    /// back. Never the next newest: with the newest version up, every other match is an
+    /// older one (Kamal's rollback copies), and starting it would serve an old release.
     /// None at all is a failed wake.
     pub(super) async fn wake_stand_in(
         &self,
@@ -89,17 +115,17 @@ impl Shared {
                 selector: selector.clone(),
                 error: Some(error),
             })?;
-        let newest = listed
-            .into_iter()
-            .filter(|c| !maybe_running.contains(&c.id))
-            .max_by_key(|c| c.created);
-        match newest {
+        match newest(listed) {
+            Some(c) if maybe_running.contains(&c.id) => {}
             Some(c) => {
                 tracing::info!(service = %self.service, container = %c.id, "Waking the newest container the labels match");
                 maybe_running.push(c.id.clone());
                 match timeout_at(deadline, self.lifecycle.start(&c.id)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(error)) => {
+                        if !may_have_started(&error) {
+                            maybe_running.pop();
+                        }
                         return Err(WakeFailure::Start {
                             container: c.id,
                             error,
@@ -118,6 +144,18 @@ impl Shared {
         }
         Ok(())
     }
+}
+
+/// The most recently created of `listed`. Docker gives creation times in whole seconds but
+/// lists newest first by the exact time, so of equal seconds the first listed wins.
+pub(super) fn newest(listed: Vec<ListedContainer>) -> Option<ListedContainer> {
+    listed.into_iter().reduce(|newest, c| {
+        if c.created > newest.created {
+            c
+        } else {
+            newest
+        }
+    })
 }
 
 /// Why a wake failed; logged, never shown to a client.

@@ -1146,3 +1146,101 @@ async fn no_container_matching_is_a_failed_wake() {
     assert_eq!(h.controller.state(), IdleState::Sleeping);
     assert_eq!(h.controller.health_check(), HealthAnswer::Unhealthy);
 }
+
+fn stopped(h: &Harness) -> Vec<String> {
+    h.lifecycle
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Stop(c, _) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+fn started(h: &Harness) -> Vec<String> {
+    h.lifecycle
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Start(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_remembered_container_gone_does_not_wake_an_older_kept_version() {
+    let h = selected();
+    // Two replicas were running; a kept older version sits beside them.
+    h.lifecycle
+        .set_listed(&[("a", 200, true), ("b", 150, true), ("old", 100, false)]);
+    h.put_to_sleep().await;
+    assert_eq!(h.controller.containers(), ["a", "b"]);
+    // "b" is pruned while asleep. The newest match is "a", which the wake starts anyway:
+    // the next newest is the older version, and no stand-in is started.
+    h.lifecycle
+        .fail_start("b", Some(LifecycleError::NotFound("b".into())));
+    h.lifecycle
+        .set_listed(&[("a", 200, false), ("old", 100, false)]);
+    let _guard = h.controller.admit().await.unwrap();
+    assert_eq!(started(&h), ["a", "b"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn of_matches_created_in_the_same_second_the_first_listed_stands_in() {
+    let h = selected();
+    h.lifecycle.set_listed(&[("current", 200, true)]);
+    h.put_to_sleep().await;
+    h.lifecycle
+        .fail_start("current", Some(LifecycleError::NotFound("current".into())));
+    // Docker lists newest first by the exact time; its seconds are equal here.
+    h.lifecycle.set_listed(&[
+        ("newer", 300, false),
+        ("new", 300, false),
+        ("old", 100, false),
+    ]);
+    let _guard = h.controller.admit().await.unwrap();
+    assert_eq!(started(&h), ["current", "newer"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_thaw_stops_the_stand_in_it_started_as_well_as_the_remembered_ones() {
+    let h = harness_with(
+        SleepConfig {
+            selector: vec!["service=app".into()],
+            freeze_after: FREEZE_AFTER,
+            ..config(&[])
+        },
+        IdleState::Active,
+    );
+    h.lifecycle.set_listed(&[("a", 200, true)]);
+    pass(FREEZE_AFTER).await;
+    assert_eq!(h.controller.state(), IdleState::Frozen);
+    // Removed while frozen and recreated (stopped): the wake starts the new one in its
+    // place, which then never gets ready.
+    h.lifecycle
+        .fail_thaw("a", LifecycleError::NotFound("a".into()));
+    h.lifecycle.set_listed(&[("a2", 300, false)]);
+    h.hooks.never_ready(true);
+    assert!(h.controller.admit().await.is_err());
+    settle().await;
+    assert_eq!(h.controller.state(), IdleState::Sleeping);
+    assert_eq!(started(&h), ["a2"]);
+    assert_eq!(stopped(&h), ["a", "a2"], "the stand-in was left running");
+}
+
+#[test]
+fn the_cleanup_of_a_failed_thaw_covers_the_remembered_and_what_it_started() {
+    let plan = super::selection::Plan {
+        containers: Vec::new(),
+        selector: vec!["service=app".into()],
+        remembered: vec!["a".into(), "b".into()],
+    };
+    let started = vec!["a".to_string(), "c".to_string()];
+    assert_eq!(
+        plan.after_failed_wake(true, started.clone()),
+        ["a", "b", "c"]
+    );
+    assert_eq!(plan.after_failed_wake(false, started), ["a", "c"]);
+}

@@ -489,12 +489,7 @@ impl Shared {
                     if let Some(m) = &self.metrics {
                         m.woke(frozen, false, 0.0);
                     }
-                    // A failed thaw leaves the rest frozen: stop them all, as asleep.
-                    let cleanup = if frozen {
-                        plan.wake_targets()
-                    } else {
-                        maybe_running
-                    };
+                    let cleanup = plan.after_failed_wake(frozen, maybe_running);
                     self.stand_down(generation, &cleanup).await;
                 }
             }
@@ -602,8 +597,6 @@ impl Drop for HeldRequest<'_> {
     }
 }
 
-/// Whether a failed start may still have left the container running (the daemon did not
-/// answer, so it may have acted); a definite refusal means it did not start.
 impl Shared {
     /// One warning per container that would not stop; the message says which recovery.
     fn log_stop_failures(&self, failed: &[(String, LifecycleError)], message: &'static str) {
@@ -613,6 +606,8 @@ impl Shared {
     }
 }
 
+/// Whether a failed start may still have left the container running (the daemon did not
+/// answer, so it may have acted); a definite refusal means it did not start.
 pub(super) fn may_have_started(error: &LifecycleError) -> bool {
     matches!(
         error,
