@@ -366,7 +366,7 @@ impl Service {
             }
         };
         if !config.options.client_ip_header.is_empty() {
-            client_ip_header_to_forwarded_for(&mut req, &config.options.client_ip_header);
+            headers::apply_client_ip_header(req.headers_mut(), &config.options.client_ip_header);
         }
         let arrived = exchange.started();
         let req = req.map(|body| forwarder.client_body(body, arrived));
@@ -492,16 +492,6 @@ async fn within<F: std::future::Future>(
         Some(d) => tokio::time::timeout_at(d, f).await.ok(),
         None => Some(f.await),
     }
-}
-
-/// Upstream's `--client-ip-header`: a non-empty value of that header replaces the
-/// client's `X-Forwarded-For` before the forwarded headers are computed.
-fn client_ip_header_to_forwarded_for(req: &mut Request<Incoming>, name: &str) {
-    let Some(value) = req.headers().get(name).filter(|v| !v.is_empty()).cloned() else {
-        return;
-    };
-    req.headers_mut()
-        .insert(&crate::proxy::headers::X_FORWARDED_FOR, value);
 }
 
 /// Every rule a deploy's options must satisfy, shared by the CLI (before it connects)
