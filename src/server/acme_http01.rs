@@ -8,9 +8,9 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 
 use crate::proxy::body::ResponseBody;
 use crate::router::Router;
-use crate::service::{host_without_port, request_host};
 use crate::tls::CertSource;
 use crate::tls::challenge::HTTP01_PREFIX;
+use crate::uri::{host_without_port, request_host};
 
 pub fn answer<B>(router: &Router, req: &Request<B>) -> Option<Response<ResponseBody>> {
     let token = req.uri().path().strip_prefix(HTTP01_PREFIX)?;
