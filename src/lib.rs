@@ -15,4 +15,5 @@ pub mod router;
 pub mod server;
 pub mod service;
 pub mod tls;
+pub mod uri;
 pub mod worker;

@@ -283,7 +283,7 @@ impl ServiceOptions {
             self.hosts.push(String::new());
         }
         for h in self.hosts.iter_mut().chain([&mut self.canonical_host]) {
-            *h = normalize_host(h).into_owned();
+            *h = crate::uri::normalize_host(h).into_owned();
         }
         if self.path_prefixes.is_empty() {
             self.path_prefixes.push("/".into());
@@ -486,23 +486,8 @@ pub fn validate_service_name(name: &str) -> Result<(), String> {
 /// The longest host name DNS allows.
 const MAX_HOST: usize = 253;
 
-/// Hosts are matched as given; reject what can never match a Host header so a typo is
-/// caught at deploy rather than as a silent 404.
-/// A host as routing and certificates compare it: DNS names are case-insensitive and
-/// `a.test.` is `a.test` (RFC 1034 §3.1). Borrowed unless something changes, so a
-/// request's lookup allocates only for an unusual host.
-pub fn normalize_host(host: &str) -> std::borrow::Cow<'_, str> {
-    let host = match host.strip_suffix('.') {
-        Some(h) if !h.is_empty() => h,
-        _ => host,
-    };
-    if host.bytes().any(|b| b.is_ascii_uppercase()) {
-        std::borrow::Cow::Owned(host.to_ascii_lowercase())
-    } else {
-        std::borrow::Cow::Borrowed(host)
-    }
-}
-
+/// Rejects what can never match a Host header, so a typo is caught at deploy rather than
+/// as a silent 404.
 fn validate_host(host: &str) -> Result<(), String> {
     if host.len() > MAX_HOST {
         return Err(format!(

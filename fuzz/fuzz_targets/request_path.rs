@@ -1,8 +1,7 @@
 //! Request paths as the access log and the rules decode them.
 #![no_main]
 
-use kamal_proxy::observe::access::decoded_path;
-use kamal_proxy::service::gates::rules::{encode_path, encode_query};
+use kamal_proxy::uri::{decoded_path, encode_path, encode_query};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {

@@ -9,6 +9,8 @@ use tokio::time::Instant;
 
 use super::log::{self, json_escape_bytes_into, json_escape_into};
 use super::text::{IpText, push_i64, push_u64};
+// Moved to the leaf `uri`; this path stays for code written against the old one.
+pub use crate::uri::decoded_path;
 
 /// Logged when the client disconnected before a response was ready (nginx's convention,
 /// as upstream uses).
@@ -177,40 +179,9 @@ fn escape_value(out: &mut String, v: Option<&HeaderValue>) {
     json_escape_bytes_into(out, v.map_or(&b""[..], HeaderValue::as_bytes));
 }
 
-/// The path as upstream logs it (Go's `URL.Path`): percent-escapes decoded.
-pub fn decoded_path(raw: &str) -> std::borrow::Cow<'_, str> {
-    if !raw.contains('%') {
-        return std::borrow::Cow::Borrowed(raw);
-    }
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn logged_paths_are_decoded() {
-        assert_eq!(decoded_path("/plain/path"), "/plain/path");
-        assert_eq!(decoded_path("/caf%C3%A9%20x"), "/café x");
-        assert_eq!(decoded_path("/a%2Fb"), "/a/b");
-        assert_eq!(decoded_path("/bad%zz%4"), "/bad%zz%4");
-    }
 
     #[test]
     fn log_keys() {

@@ -274,10 +274,6 @@ impl ResponseBody {
         self.exchange = Some(exchange);
     }
 
-    pub fn take_completion(&mut self) -> Option<Exchange> {
-        self.exchange.take()
-    }
-
     fn finish(&mut self) {
         if let Some(c) = self.exchange.take() {
             c.finish(self.sent);

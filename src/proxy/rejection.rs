@@ -20,6 +20,18 @@ use super::pages::{ErrorPages, error_response, html_escape};
 /// Why the proxy answered a request itself.
 #[derive(Debug)]
 pub enum Rejection {
+    /// `/.kamal-proxy/ping`: `OK` to `GET`/`HEAD`, 405 to any other method (as the fork).
+    /// Never logged, never routed.
+    Ping { method_allowed: bool },
+    /// An HTTP-01 challenge token pending for this host: its key authorization (200).
+    ChallengeAnswered { key_authorization: String },
+    /// A challenge path for a host the ACME service does not list (403, autocert's text).
+    ChallengeHostNotAllowed { host: String },
+    /// A challenge path with no pending token, for an ACME service (404, autocert's text).
+    ChallengeUnknownToken,
+    /// `--metrics-allow-ip` does not admit the connecting address (403, Go's
+    /// `http.Error` text, on the metrics listener).
+    MetricsForbidden,
     /// No service for the host and path (404, the built-in page: no service to ask).
     NotFound,
     /// `--allow-ip` does not admit the client (403).
@@ -89,8 +101,17 @@ pub enum Rejection {
 impl Rejection {
     pub fn status(&self) -> StatusCode {
         match self {
-            Rejection::NotFound => StatusCode::NOT_FOUND,
-            Rejection::Forbidden => StatusCode::FORBIDDEN,
+            Rejection::Ping {
+                method_allowed: true,
+            }
+            | Rejection::ChallengeAnswered { .. } => StatusCode::OK,
+            Rejection::Ping {
+                method_allowed: false,
+            } => StatusCode::METHOD_NOT_ALLOWED,
+            Rejection::NotFound | Rejection::ChallengeUnknownToken => StatusCode::NOT_FOUND,
+            Rejection::Forbidden
+            | Rejection::ChallengeHostNotAllowed { .. }
+            | Rejection::MetricsForbidden => StatusCode::FORBIDDEN,
             Rejection::Redirect { status, .. } => *status,
             Rejection::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Rejection::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -175,7 +196,9 @@ impl Rejection {
         }
     }
 
-    /// The response the client gets.
+    /// The response the client gets. Called alone only for answers that are never
+    /// access-logged (the ping, the metrics listener); everything else goes through
+    /// [`Rejection::respond`].
     pub fn render(
         self,
         pages: Option<&Arc<ErrorPages>>,
@@ -183,6 +206,42 @@ impl Rejection {
     ) -> Response<ResponseBody> {
         let status = self.status();
         match self {
+            Rejection::Ping { method_allowed } => {
+                let body: &'static [u8] = if method_allowed {
+                    b"OK\n"
+                } else {
+                    b"Method Not Allowed\n"
+                };
+                let mut r = plain_text(status, Bytes::from_static(body));
+                let h = r.headers_mut();
+                if !method_allowed {
+                    h.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+                }
+                h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                r
+            }
+            // autocert's answers, word for word.
+            Rejection::ChallengeAnswered { key_authorization } => {
+                plain_text(status, Bytes::from(key_authorization))
+            }
+            Rejection::ChallengeHostNotAllowed { host } => plain_text(
+                status,
+                Bytes::from(format!(
+                    "acme/autocert: host {host:?} not configured in HostWhitelist\n"
+                )),
+            ),
+            Rejection::ChallengeUnknownToken => plain_text(
+                status,
+                Bytes::from_static(b"acme/autocert: certificate cache miss\n"),
+            ),
+            Rejection::MetricsForbidden => {
+                let mut r = plain_text(status, Bytes::from_static(b"Forbidden\n"));
+                r.headers_mut().insert(
+                    header::X_CONTENT_TYPE_OPTIONS,
+                    HeaderValue::from_static("nosniff"),
+                );
+                r
+            }
             Rejection::HealthCheckAnswered { healthy: true } => {
                 let mut r = Response::new(ResponseBody::empty());
                 *r.status_mut() = status;
@@ -240,6 +299,17 @@ impl Rejection {
         self.log(at.service, at.path);
         finish(self.render(pages, at.method), exchange)
     }
+}
+
+/// A `text/plain` answer, as Go's `http.Error` and autocert write them (no error page).
+fn plain_text(status: StatusCode, body: Bytes) -> Response<ResponseBody> {
+    let mut r = Response::new(ResponseBody::full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
 }
 
 /// How often the waiting page reloads itself, and what its `Retry-After` says.
@@ -357,5 +427,67 @@ mod tests {
                 .status(),
             200
         );
+    }
+
+    async fn text(r: Response<ResponseBody>) -> String {
+        use http_body_util::BodyExt;
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    /// The plain-text answers given without an error page, word for word.
+    #[tokio::test]
+    async fn plain_text_answers() {
+        let get = Method::GET;
+        let plain = "text/plain; charset=utf-8";
+
+        let r = Rejection::Ping {
+            method_allowed: true,
+        }
+        .render(None, &get);
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[header::CACHE_CONTROL], "no-store");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], plain);
+        assert!(!r.headers().contains_key(header::ALLOW));
+        assert_eq!(text(r).await, "OK\n");
+
+        let r = Rejection::Ping {
+            method_allowed: false,
+        }
+        .render(None, &Method::POST);
+        assert_eq!(r.status(), 405);
+        assert_eq!(r.headers()[header::ALLOW], "GET, HEAD");
+        assert_eq!(r.headers()[header::CACHE_CONTROL], "no-store");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], plain);
+        assert_eq!(text(r).await, "Method Not Allowed\n");
+
+        let r = Rejection::ChallengeAnswered {
+            key_authorization: "token.thumbprint".into(),
+        }
+        .render(None, &get);
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], plain);
+        assert_eq!(text(r).await, "token.thumbprint");
+
+        let r = Rejection::ChallengeHostNotAllowed {
+            host: "other.test".into(),
+        }
+        .render(None, &get);
+        assert_eq!(r.status(), 403);
+        assert_eq!(
+            text(r).await,
+            "acme/autocert: host \"other.test\" not configured in HostWhitelist\n"
+        );
+
+        let r = Rejection::ChallengeUnknownToken.render(None, &get);
+        assert_eq!(r.status(), 404);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], plain);
+        assert_eq!(text(r).await, "acme/autocert: certificate cache miss\n");
+
+        let r = Rejection::MetricsForbidden.render(None, &get);
+        assert_eq!(r.status(), 403);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], plain);
+        assert_eq!(r.headers()[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        assert_eq!(text(r).await, "Forbidden\n");
     }
 }

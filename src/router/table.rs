@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::options::normalize_host;
 use crate::service::Service;
+use crate::uri::normalize_host;
 
 type Bindings = Vec<(Arc<str>, Arc<Service>)>;
 

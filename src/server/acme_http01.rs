@@ -1,23 +1,26 @@
-//! HTTP-01 answers (pipeline step 2): before routing, logging and any redirect. A token
-//! pending for this host is answered with its key authorization; any other challenge
-//! path for a host whose service gets its certificates over ACME is answered as autocert
-//! does (403 for a host the service does not list, 404 for an unknown token). Challenge
-//! paths of other services go on to the service like any request.
+//! HTTP-01 answers (pipeline step 2): before routing and any redirect. A token pending for
+//! this host is answered with its key authorization; any other challenge path for a host
+//! whose service gets its certificates over ACME is answered as autocert does (403 for a
+//! host the service does not list, 404 for an unknown token). Challenge paths of other
+//! services go on to the service like any request.
 
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::Request;
 
-use crate::proxy::body::ResponseBody;
+use crate::proxy::rejection::Rejection;
 use crate::router::Router;
-use crate::service::{host_without_port, request_host};
 use crate::tls::CertSource;
 use crate::tls::challenge::HTTP01_PREFIX;
+use crate::uri::{host_without_port, request_host};
 
-pub fn answer<B>(router: &Router, req: &Request<B>) -> Option<Response<ResponseBody>> {
+/// The answer to a challenge path, or `None` when it goes on to the service.
+pub fn answer<B>(router: &Router, req: &Request<B>) -> Option<Rejection> {
     let token = req.uri().path().strip_prefix(HTTP01_PREFIX)?;
     let host = host_without_port(request_host(req).unwrap_or(""));
     let host = host.trim_end_matches('.').to_ascii_lowercase();
     if let Some(key_auth) = router.tls().challenges.http01(token, &host) {
-        return Some(text(StatusCode::OK, key_auth));
+        return Some(Rejection::ChallengeAnswered {
+            key_authorization: key_auth,
+        });
     }
     let (service, _) = router.lookup(&host, "/")?;
     let config = service.config();
@@ -28,23 +31,7 @@ pub fn answer<B>(router: &Router, req: &Request<B>) -> Option<Response<ResponseB
         return None;
     };
     if on_demand.is_none() && !hosts.contains(&host) {
-        return Some(text(
-            StatusCode::FORBIDDEN,
-            format!("acme/autocert: host {host:?} not configured in HostWhitelist\n"),
-        ));
+        return Some(Rejection::ChallengeHostNotAllowed { host });
     }
-    Some(text(
-        StatusCode::NOT_FOUND,
-        "acme/autocert: certificate cache miss\n".into(),
-    ))
-}
-
-fn text(status: StatusCode, body: String) -> Response<ResponseBody> {
-    let mut r = Response::new(ResponseBody::full(bytes::Bytes::from(body)));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
+    Some(Rejection::ChallengeUnknownToken)
 }

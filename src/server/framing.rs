@@ -4,9 +4,8 @@
 
 use http::{HeaderMap, HeaderValue, Request, Version, header};
 
-use crate::options::normalize_host;
 use crate::proxy::rejection::Rejection;
-use crate::service::host_without_port;
+use crate::uri::{host_without_port, normalize_host};
 
 /// Checks the request's host headers and drops an `h2c` upgrade. On HTTP/1.1 an
 /// absolute-form target names the host (RFC 9112 §3.2.2): `Host` is set to it, so the

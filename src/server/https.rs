@@ -101,7 +101,9 @@ fn looks_like_http(first: &[u8]) -> bool {
     first.first() != Some(&0x16) && STARTS.iter().any(|s| first.len() >= 5 && first == *s)
 }
 
-/// What Go's net/http answers to plain HTTP sent to an HTTPS port.
+/// What Go's net/http answers to plain HTTP sent to an HTTPS port. Raw bytes rather than a
+/// [`crate::proxy::rejection::Rejection`]: no HTTP connection exists here (the bytes were
+/// sniffed where a TLS handshake belongs), and Go writes exactly this HTTP/1.0 text.
 async fn answer_plain_http(mut stream: TcpStream) {
     use tokio::io::AsyncWriteExt;
     let _ = stream

@@ -4,9 +4,7 @@
 //! Go's plain-text 403. The address is the socket's own: no forwarded header and no PROXY
 //! protocol counts here, as the fork.
 
-use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, header};
-use http_body_util::Full;
+use http::{HeaderValue, Method, Request, Response, header};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -19,6 +17,8 @@ use super::h1_timeouts::{Noted, Phase, ResponseOver, Watchdog};
 use super::idle::Counted;
 use super::limits::Timeouts;
 use super::{AcceptBackoff, normalize};
+use crate::proxy::body::ResponseBody;
+use crate::proxy::rejection::Rejection;
 use crate::service::gates::client_ip::IpList;
 
 pub async fn serve(
@@ -60,7 +60,11 @@ pub async fn serve(
             let service = service_fn(move |_req: Request<Incoming>| {
                 noted.request();
                 let over = ResponseOver::new(&noted);
-                let response = if admitted { metrics() } else { forbidden() };
+                let response = if admitted {
+                    metrics()
+                } else {
+                    Rejection::MetricsForbidden.render(None, &Method::GET)
+                };
                 std::future::ready(Ok::<_, Infallible>(
                     response.map(|body| Counted::new(body, over)),
                 ))
@@ -78,26 +82,11 @@ pub async fn serve(
     }
 }
 
-fn metrics() -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(crate::observe::metrics::render())));
+fn metrics() -> Response<ResponseBody> {
+    let mut r = Response::new(ResponseBody::full(crate::observe::metrics::render()));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    r
-}
-
-/// What Go's `http.Error(w, "Forbidden", 403)` writes.
-fn forbidden() -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from_static(b"Forbidden\n")));
-    *r.status_mut() = StatusCode::FORBIDDEN;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r.headers_mut().insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
     );
     r
 }

@@ -1,7 +1,7 @@
 //! Listeners and the outermost request steps (ARCHITECTURE.md steps 1–4): liveness ping,
 //! request id and start stamp, the access log, and routing to a service.
 
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderValue, Request, Response, header};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -38,7 +38,8 @@ use crate::proxy::exchange::Exchange;
 use crate::proxy::headers::{X_FORWARDED_FOR, X_REQUEST_ID, X_REQUEST_START};
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::router::Router;
-use crate::service::{Conn, host_without_port, request_host};
+use crate::service::Conn;
+use crate::uri::{host_without_port, request_host};
 use chunk_guard::ChunkGuard;
 use h1_timeouts::{Noted, Phase, ResponseOver, Watchdog};
 use idle::Counted;
@@ -404,21 +405,33 @@ pub async fn handle(
     conn: Conn,
 ) -> Response<ResponseBody> {
     if req.uri().path() == PING_PATH {
-        return ping(req.method());
+        // Never logged, never routed.
+        let method_allowed =
+            req.method() == http::Method::GET || req.method() == http::Method::HEAD;
+        return Rejection::Ping { method_allowed }.render(None, req.method());
     }
+    let request_id = ensure_request_id(&mut req);
+    ensure_request_start(&mut req);
+    let record = access_record(proxy, &req, conn, request_id);
+    let exchange = Exchange::new(record);
+
+    // HTTP-01 answers come before routing and any redirect, and are logged like any
+    // request with no service (upstream's autocert handler sits inside its logging
+    // middleware, ahead of the service's own handler).
     if req
         .uri()
         .path()
         .starts_with(crate::tls::challenge::HTTP01_PREFIX)
     {
         if let Some(answer) = acme_http01::answer(&proxy.router, &req) {
-            return answer;
+            let at = Refused {
+                service: "",
+                path: req.uri().path(),
+                method: req.method(),
+            };
+            return answer.respond(&at, None, exchange);
         }
     }
-    let request_id = ensure_request_id(&mut req);
-    ensure_request_start(&mut req);
-    let record = access_record(proxy, &req, conn, request_id);
-    let exchange = Exchange::new(record);
 
     // One meaning per request: which host it is for, or a 400 when that is ambiguous.
     if let Err(rejection) = framing::settle(&mut req) {
@@ -442,31 +455,6 @@ pub async fn handle(
     // large as this one's in every connection for as long as it is open, idle or not
     // (10,000 idle keep-alive connections held 21 KB each before).
     Box::pin(service.serve(req, conn, &prefix, exchange, &proxy.forwarder)).await
-}
-
-/// Liveness: `GET`/`HEAD` answer `OK`, other methods 405 (as the fork).
-fn ping(method: &http::Method) -> Response<ResponseBody> {
-    if method != http::Method::GET && method != http::Method::HEAD {
-        let mut r = Response::new(ResponseBody::full(&b"Method Not Allowed\n"[..]));
-        *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-        r.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-        r.headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        return r;
-    }
-    let mut r = Response::new(ResponseBody::full(&b"OK\n"[..]));
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
 }
 
 /// The request's id: the client's, or a fresh UUIDv4 set on the request. Returned as a

@@ -3,10 +3,9 @@
 
 use http::{Request, StatusCode};
 
-use super::rules::{RuleSet, encode_path, is_full_url};
-use crate::observe::access::decoded_path;
+use super::rules::{RuleSet, is_full_url};
 use crate::options::ServiceOptions;
-use crate::service::{host_without_port, request_host};
+use crate::uri::{decoded_path, encode_path, host_without_port, normalize_host, request_host};
 
 /// Where to send the client, if anywhere: (status, `Location`).
 pub fn location<B>(
@@ -19,9 +18,8 @@ pub fn location<B>(
     let host = host_without_port(raw_host);
     let want_https = !tls && o.tls_enabled && o.tls_redirect;
     // The canonical host is deployed normalized: `X.com.` is already canonical.
-    let want_host = (!o.canonical_host.is_empty()
-        && o.canonical_host != crate::options::normalize_host(host))
-    .then_some(o.canonical_host.as_str());
+    let want_host = (!o.canonical_host.is_empty() && o.canonical_host != normalize_host(host))
+        .then_some(o.canonical_host.as_str());
     let scheme = if want_https || tls { "https" } else { "http" };
     // A redirect that changes scheme or host drops the port (as upstream); a path-only
     // rule keeps the Host the client used.

@@ -4,9 +4,8 @@
 
 use http::uri::PathAndQuery;
 
-use super::rules::{RuleSet, encode_path};
-use crate::observe::access::decoded_path;
-use crate::service::routed_path;
+use super::rules::RuleSet;
+use crate::uri::{decoded_path, encode_path, routed_path};
 
 /// The upstream path and query after the first matching rule, or `None` when no rule
 /// matches. The replacement's own query replaces the request's; otherwise it is kept.
