@@ -9,8 +9,7 @@ use tokio::time::Instant;
 
 use super::log::{self, json_escape_bytes_into, json_escape_into};
 use super::text::{IpText, push_i64, push_u64};
-// Moved to the leaf `uri`; this path stays for code written against the old one.
-pub use crate::uri::decoded_path;
+use crate::uri::decoded_path;
 
 /// Logged when the client disconnected before a response was ready (nginx's convention,
 /// as upstream uses).

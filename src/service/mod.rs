@@ -14,9 +14,6 @@ pub mod gates;
 pub use crate::options;
 pub mod pause;
 pub mod sleep;
-// The URI helpers moved to the leaf `uri`; these paths stay for code written against
-// the old ones (the property tests).
-pub use crate::uri::{host_without_port, routed_path};
 
 use crate::balancer::LoadBalancer;
 use crate::balancer::rollout::{ROLLOUT_COOKIE, RolloutSplit};
@@ -30,7 +27,7 @@ use crate::proxy::exchange::Exchange;
 use crate::proxy::pages::ErrorPages;
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::proxy::{Forwarder, Pools, headers};
-use crate::uri::decoded_path;
+use crate::uri::{decoded_path, routed_path};
 use gates::Gates;
 use pause::{PauseController, PauseOutcome};
 use sleep::{HealthAnswer, IdleController};

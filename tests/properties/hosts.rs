@@ -5,7 +5,7 @@ use kamal_proxy::options::{
     validate_service_name,
 };
 use kamal_proxy::router::table::prefix_matches;
-use kamal_proxy::service::{host_without_port, routed_path};
+use kamal_proxy::uri::{host_without_port, routed_path};
 use proptest::prelude::*;
 
 fn host_options(host: &str) -> ServiceOptions {

@@ -1,11 +1,11 @@
 //! `--redirect` and `--rewrite` rules, and the request paths they are applied to.
 
 use http::{HeaderValue, Request};
-use kamal_proxy::observe::access::decoded_path;
 use kamal_proxy::options::ServiceOptions;
 use kamal_proxy::service::gates::redirect::location;
 use kamal_proxy::service::gates::rewrite::rewrite;
-use kamal_proxy::service::gates::rules::{Kind, RuleSet, encode_path, is_full_url};
+use kamal_proxy::service::gates::rules::{Kind, RuleSet, is_full_url};
+use kamal_proxy::uri::{decoded_path, encode_path};
 use proptest::prelude::*;
 
 fn parse(rule: &str, kind: Kind) -> Result<RuleSet, String> {

@@ -5,8 +5,6 @@
 use regex::Regex;
 
 use crate::uri::{encode_query, split_query};
-// Moved to the leaf `uri`; this path stays for code written against the old one.
-pub use crate::uri::encode_path;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

@@ -11,7 +11,6 @@ use std::fmt;
 
 use tokio::time::{Instant, timeout_at};
 
-use super::transitions::may_have_started;
 use super::{Inner, STOP_BUDGET, Shared};
 use crate::lifecycle::{LifecycleError, ListedContainer};
 
@@ -194,4 +193,13 @@ impl fmt::Display for WakeFailure {
             } => write!(f, "listing the containers labelled {selector}: {error}"),
         }
     }
+}
+
+/// Whether a failed start may still have left the container running (the daemon did not
+/// answer, so it may have acted); a definite refusal means it did not start.
+pub(super) fn may_have_started(error: &LifecycleError) -> bool {
+    matches!(
+        error,
+        LifecycleError::Timeout(_) | LifecycleError::Transport(_)
+    )
 }

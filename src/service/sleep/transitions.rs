@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::{Instant, sleep_until, timeout_at};
 
-use super::selection::{Plan, WakeFailure};
+use super::selection::{Plan, WakeFailure, may_have_started};
 use super::*;
 use crate::lifecycle::LifecycleError;
 
@@ -604,15 +604,6 @@ impl Shared {
             tracing::warn!(service = %self.service, containers = %container, error = %error, "{}", message);
         }
     }
-}
-
-/// Whether a failed start may still have left the container running (the daemon did not
-/// answer, so it may have acted); a definite refusal means it did not start.
-pub(super) fn may_have_started(error: &LifecycleError) -> bool {
-    matches!(
-        error,
-        LifecycleError::Timeout(_) | LifecycleError::Transport(_)
-    )
 }
 
 /// 1 s after the first failed wake, doubling up to 30 s.
