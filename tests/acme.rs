@@ -1,29 +1,17 @@
 //! Automatic certificates against a real ACME server (Debian's pebble, started per test):
 //! issuance on the first HTTPS request over HTTP-01 and over TLS-ALPN-01, the cache reused
 //! after a restart, renewal while a client keeps requesting, on-demand allow and deny.
+//!
+//! The proxy picks its own ports (reported in its start-up line) and pebble is told them:
+//! no port is picked here and released for someone else to take first.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use testkit::free_port;
-use testkit::pebble::{Pebble, available};
+use testkit::pebble::{Challenges, available, with_proxy};
 use testkit::{Proxy, backend::Backend};
 use tokio::time::Instant;
-
-/// A proxy on fixed ports (pebble must know them) using pebble as its ACME directory.
-async fn proxy_for(pebble: &Pebble, http: u16, https: u16) -> Proxy {
-    Proxy::start_with(
-        &[
-            &format!("--http-port={http}"),
-            &format!("--https-port={https}"),
-            &format!("--acme-directory={}", pebble.directory),
-            "--acme-email=ops@example.com",
-        ],
-        &[("SSL_CERT_FILE", pebble.ca_file.to_str().unwrap())],
-    )
-    .await
-}
 
 fn client(root: &reqwest::Certificate, host: &str, port: u16) -> reqwest::Client {
     reqwest::Client::builder()
@@ -74,12 +62,11 @@ async fn http01_on_first_request_then_restart_reuses_the_cache() {
     if !available() {
         return;
     }
-    let (http, https) = (free_port(), free_port());
     // TLS-ALPN-01 is tried first (as autocert); a dead TLS port makes HTTP-01 the one
     // that succeeds.
-    let pebble = Pebble::start(http, free_port(), None);
+    let (pebble, mut proxy) = with_proxy(Challenges::Http01, None).await;
+    let https = proxy.https_port;
     let backend = Backend::start("one").await;
-    let mut proxy = proxy_for(&pebble, http, https).await;
     proxy
         .deploy("app", &backend.target(), &["--host=app.test", "--tls"])
         .await;
@@ -143,11 +130,10 @@ async fn tls_alpn01_on_first_request() {
     if !available() {
         return;
     }
-    let (http, https) = (free_port(), free_port());
     // A dead HTTP port: only TLS-ALPN-01 can succeed.
-    let pebble = Pebble::start(free_port(), https, None);
+    let (pebble, proxy) = with_proxy(Challenges::TlsAlpn01, None).await;
+    let https = proxy.https_port;
     let backend = Backend::start("one").await;
-    let proxy = proxy_for(&pebble, http, https).await;
     proxy
         .deploy("app", &backend.target(), &["--host=alpn.test", "--tls"])
         .await;
@@ -185,11 +171,10 @@ async fn renews_ahead_of_expiry_while_requests_keep_succeeding() {
     if !available() {
         return;
     }
-    let (http, https) = (free_port(), free_port());
     // 24 s certificates: renewed once two thirds of the lifetime have passed.
-    let pebble = Pebble::start(http, https, Some(Duration::from_secs(24)));
+    let (pebble, proxy) = with_proxy(Challenges::Both, Some(Duration::from_secs(24))).await;
+    let https = proxy.https_port;
     let backend = Backend::start("one").await;
-    let proxy = proxy_for(&pebble, http, https).await;
     proxy
         .deploy("app", &backend.target(), &["--host=renew.test", "--tls"])
         .await;
@@ -301,11 +286,10 @@ async fn on_demand_allows_and_denies_and_never_asks_twice_for_a_cached_host() {
     if !available() {
         return;
     }
-    let (http, https) = (free_port(), free_port());
-    let pebble = Pebble::start(http, https, None);
+    let (pebble, mut proxy) = with_proxy(Challenges::Both, None).await;
+    let https = proxy.https_port;
     let backend = Backend::start("one").await;
     let (ask, asked) = ask_server().await;
-    let mut proxy = proxy_for(&pebble, http, https).await;
     proxy
         .deploy(
             "app",
@@ -362,10 +346,9 @@ async fn on_demand_path_asks_the_service_itself() {
     if !available() {
         return;
     }
-    let (http, https) = (free_port(), free_port());
-    let pebble = Pebble::start(http, https, None);
+    let (pebble, proxy) = with_proxy(Challenges::Both, None).await;
+    let https = proxy.https_port;
     let backend = Backend::start("one").await;
-    let proxy = proxy_for(&pebble, http, https).await;
     // The test backend answers /status/<code> with that code.
     proxy
         .deploy(
@@ -401,11 +384,10 @@ async fn failed_issuance_is_logged_with_its_reason_and_backs_off() {
     if !available() {
         return;
     }
-    let (http, https) = (free_port(), free_port());
     // Both challenge ports dead: validation cannot succeed.
-    let pebble = Pebble::start(free_port(), free_port(), None);
+    let (pebble, proxy) = with_proxy(Challenges::Neither, None).await;
+    let https = proxy.https_port;
     let backend = Backend::start("one").await;
-    let proxy = proxy_for(&pebble, http, https).await;
     proxy
         .deploy("app", &backend.target(), &["--host=fail.test", "--tls"])
         .await;

@@ -18,10 +18,8 @@ use testkit::{Proxy, client, poll_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
-fn app(prefix: &str) -> TestContainer {
-    let c = docker::run_app_container(prefix, Duration::ZERO);
-    docker::wait_until_ready(&c).expect("app container ready");
-    c
+async fn app(prefix: &str) -> TestContainer {
+    docker::app_container_ready(prefix, Duration::ZERO, &[]).await
 }
 
 async fn deploy_sleepy(p: &Proxy, c: &TestContainer, extra: &[&str]) {
@@ -159,7 +157,7 @@ async fn an_engine_that_goes_silent_mid_wake_answers_503_and_the_service_recover
         return;
     }
     let engine = Relay::start();
-    let c = app("fault-silent");
+    let c = app("fault-silent").await;
     let p = Proxy::start_with(&[&engine.socket_flag()], &[]).await;
     deploy_sleepy(&p, &c, &["--wake-timeout=2s"]).await;
     p.wait_for_state("app", "sleeping", Duration::from_secs(20))
@@ -214,7 +212,7 @@ async fn a_container_killed_mid_request_is_a_clean_502_and_the_next_request_wake
     if !docker::require_docker() {
         return;
     }
-    let c = app("fault-kill");
+    let c = app("fault-kill").await;
     let socket = format!("--docker-socket={}", docker::docker_socket_path().display());
     let p = Proxy::start_with_metrics(&[&socket], &[]).await;
     deploy_sleepy(&p, &c, &[]).await;

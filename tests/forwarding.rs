@@ -7,9 +7,8 @@ use std::time::Duration;
 use testkit::backend::{Backend, fnv1a};
 use testkit::free_port;
 use testkit::raw;
-use testkit::{Proxy, client};
+use testkit::{Proxy, client, poll_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::Instant;
 
 async fn serve(extra: &[&str]) -> (Backend, Proxy) {
     let backend = Backend::start("app").await;
@@ -471,11 +470,12 @@ async fn target_timeout_answers_504_page() {
 /// connections.
 async fn stop_listening(backend: &Backend) {
     backend.kill();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(backend.addr).await.is_ok() {
-        assert!(Instant::now() < deadline, "backend still accepting");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(
+        "the killed backend to refuse connections",
+        Duration::from_secs(10),
+        || async { tokio::net::TcpStream::connect(backend.addr).await.is_err() },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -544,27 +544,24 @@ async fn client_disconnect_cancels_the_upstream_request() {
     s.write_all(b"GET /slow?ms=20000 HTTP/1.1\r\nHost: app.test\r\n\r\n")
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while backend.hits() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "request never reached the backend"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll_until(
+        "the request to reach the backend",
+        Duration::from_secs(10),
+        || std::future::ready(backend.hits() > 0),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop(s);
     // Long before the 20 s answer: the proxy logs 499 and hangs up on the upstream.
     let line = wait_access(&proxy, "for /slow", |l| l["path"] == "/slow").await;
     assert_eq!(line["status"], 499, "{line}");
     assert_eq!(line["service"], "app");
-    while backend.slow_cancelled() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "upstream request was not cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(
+        "the upstream request to be cancelled",
+        Duration::from_secs(10),
+        || std::future::ready(backend.slow_cancelled() > 0),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -837,14 +834,12 @@ async fn request_body_streams_to_the_app_before_it_is_complete() {
             .send(),
     );
     tx.send(vec![1u8; 1000]).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while backend.hits() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the app did not see the request while its body was open"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll_until(
+        "the app to see the request while its body is open",
+        Duration::from_secs(10),
+        || std::future::ready(backend.hits() > 0),
+    )
+    .await;
     tx.send(vec![2u8; 1000]).await.unwrap();
     drop(tx);
     let echo: serde_json::Value = send.await.unwrap().unwrap().json().await.unwrap();

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use testkit::docker;
-use testkit::kamal::{self, APPS_CONFIG, App, Deploy, KamalHost};
-use testkit::{client, send};
+use testkit::kamal::{self, APPS_CONFIG, App, CONFIG_DIR, Deploy, KamalHost};
+use testkit::{client, poll_until, send};
 use tokio::time::Instant;
 
 const APP_HOST: &str = "app.example.com";
@@ -20,12 +20,12 @@ const ACCESSORY_HOST: &str = "busybox.example.com";
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A booted server, or `None` (skip) when no engine answers off CI.
-fn booted(run_options: &[(&str, &str)]) -> Option<KamalHost> {
+async fn booted(run_options: &[(&str, &str)]) -> Option<KamalHost> {
     if !docker::require_docker() {
         return None;
     }
     let mut host = KamalHost::new(run_options);
-    host.boot();
+    host.boot().await;
     Some(host)
 }
 
@@ -68,21 +68,46 @@ fn kamal_s_quoting_reaches_the_proxy_as_the_intended_argv() {
     );
 }
 
+/// The tag `scripts/image` gives the image, derived as it derives it: `v` and the first
+/// `version = "…"` line of Cargo.toml.
+fn image_tag_from_cargo_toml() -> String {
+    let manifest = testkit::workspace_root().join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+    let version = text
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \"")?.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("no version line in {}", manifest.display()));
+    format!("v{version}")
+}
+
+/// No engine needed: the tag the image will carry satisfies Kamal 2.12 (`Gem::Version`,
+/// MINIMUM_VERSION v0.9.2) and the fork's Kamal (v1.0.0.0), and the comparison refuses
+/// what Kamal refuses.
 #[test]
-fn the_image_follows_upstream_and_its_tag_satisfies_kamal_and_the_fork() {
+fn the_image_tag_satisfies_kamal_and_the_fork() {
+    let tag = image_tag_from_cargo_toml();
+    assert_eq!(tag, format!("v{}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(kamal::tag_at_least(&tag, "v0.9.2"), Some(true), "{tag}");
+    assert_eq!(kamal::tag_at_least(&tag, "v1.0.0.0"), Some(true), "{tag}");
+    // The comparison itself.
+    assert_eq!(kamal::tag_at_least("v0.9.2", "v0.9.2"), Some(true));
+    assert_eq!(kamal::tag_at_least("v0.9.1", "v0.9.2"), Some(false));
+    assert_eq!(kamal::tag_at_least("v0.10.0", "v0.9.2"), Some(true));
+    assert_eq!(kamal::tag_at_least("v1.0.0", "v1.0.0.0"), Some(true));
+    assert_eq!(kamal::tag_at_least("v0.9.9.9", "v1.0.0.0"), Some(false));
+    assert_eq!(kamal::tag_at_least("v1.0.0-rust", "v0.9.2"), None);
+    assert_eq!(kamal::tag_at_least("latest", "v0.9.2"), None);
+}
+
+#[test]
+fn the_image_follows_upstream() {
     if !docker::require_docker() {
         return;
     }
     let image = kamal::image();
     let tag = image.rsplit(':').next().unwrap_or_default();
-    assert_eq!(tag, format!("v{}", env!("CARGO_PKG_VERSION")));
-    // Kamal 2.12's MINIMUM_VERSION and the fork's (Kamal:: era).
-    assert_eq!(kamal::tag_at_least(tag, "v0.9.2"), Some(true), "{tag}");
-    assert_eq!(kamal::tag_at_least(tag, "v1.0.0.0"), Some(true), "{tag}");
-    // The comparison itself: what Kamal refuses.
-    assert_eq!(kamal::tag_at_least("v0.9.1", "v0.9.2"), Some(false));
-    assert_eq!(kamal::tag_at_least("v1.0.0-rust", "v0.9.2"), None);
-    assert_eq!(kamal::tag_at_least("latest", "v0.9.2"), None);
+    assert_eq!(tag, image_tag_from_cargo_toml());
 
     let inspect = |format: &str| {
         let out = std::process::Command::new("docker")
@@ -154,7 +179,9 @@ fn the_image_follows_upstream_and_its_tag_satisfies_kamal_and_the_fork() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn boot_deploy_an_app_and_an_accessory_then_remove_them() {
-    let Some(host) = booted(&[]) else { return };
+    let Some(host) = booted(&[]).await else {
+        return;
+    };
     // What `kamal proxy boot` checks next: the version from the image tag.
     let version = host.run_ok(&format!(
         "docker inspect {} --format '{{{{.Config.Image}}}}' | awk -F: '{{print $NF}}'",
@@ -162,7 +189,8 @@ async fn boot_deploy_an_app_and_an_accessory_then_remove_them() {
     ));
     assert_eq!(version.trim(), format!("v{}", env!("CARGO_PKG_VERSION")));
     // Kamal's own integration suite greps a fresh boot's log for this.
-    host.wait_for_log(&["No previous state to restore"], PATIENCE);
+    host.wait_for_log(&["No previous state to restore"], PATIENCE)
+        .await;
     // The server runs as the image's user, not root.
     let top = host.run_ok(&format!("docker top {} -o pid,uid,args", host.proxy));
     assert!(
@@ -201,7 +229,9 @@ async fn boot_deploy_an_app_and_an_accessory_then_remove_them() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_redeploy_under_load_drops_no_request_when_the_old_container_stops_at_once() {
-    let Some(host) = booted(&[]) else { return };
+    let Some(host) = booted(&[]).await else {
+        return;
+    };
     let v1 = host.app("app-web", "v1", "v1", &[]);
     host.deploy(&Deploy::new("app-web", &v1.target(), APP_HOST));
     assert_eq!(get(&host, APP_HOST, "/").await.body.trim(), "v1");
@@ -257,11 +287,10 @@ async fn a_redeploy_under_load_drops_no_request_when_the_old_container_stops_at_
     assert_eq!(host.inspect(&v1.name, "{{.State.Running}}"), "false");
     // Keep the load on for a good number of requests after the stop.
     let at_stop = answered.load(Ordering::Relaxed);
-    let deadline = Instant::now() + PATIENCE;
-    while answered.load(Ordering::Relaxed) < at_stop + 100 {
-        assert!(Instant::now() < deadline, "the load stalled after the stop");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll_until("100 more answers after the stop", PATIENCE, || {
+        std::future::ready(answered.load(Ordering::Relaxed) >= at_stop + 100)
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
 
     let mut total = 0;
@@ -292,7 +321,9 @@ async fn a_redeploy_under_load_drops_no_request_when_the_old_container_stops_at_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn maintenance_renders_the_app_s_503_page_and_live_resumes() {
-    let Some(host) = booted(&[]) else { return };
+    let Some(host) = booted(&[]).await else {
+        return;
+    };
     // Kamal uploads the app's error pages for this version under .apps-config.
     let pages = host.apps_config().join("app/error_pages/v1");
     std::fs::create_dir_all(&pages).unwrap();
@@ -385,7 +416,9 @@ fn outage_during(port: u16, host: &str, restart: impl FnOnce()) -> Duration {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reboot_restores_every_service_from_the_volume() {
-    let Some(host) = booted(&[]) else { return };
+    let Some(host) = booted(&[]).await else {
+        return;
+    };
     let web = host.app("app-web", "v1", "web-v1", &[]);
     host.deploy(&Deploy::new("app-web", &web.target(), APP_HOST));
     let busybox = host.app("custom-busybox", "v1", "accessory", &[]);
@@ -435,7 +468,7 @@ async fn reboot_restores_every_service_from_the_volume() {
 
     // The same restart of a plain container publishing a port, for scale: most of the
     // outage is Docker's (stop, network and port forwarding setup), not the proxy's.
-    let baseline = baseline_restart_outage(&host);
+    let baseline = baseline_restart_outage(&host).await;
     eprintln!(
         "kamal proxy reboot outage: {} ms (plain busybox httpd restarted the same way: {} ms)",
         outage.as_millis(),
@@ -443,22 +476,21 @@ async fn reboot_restores_every_service_from_the_volume() {
     );
 }
 
-/// Stop, prune, run of a busybox httpd container published like the proxy.
-fn baseline_restart_outage(host: &KamalHost) -> Duration {
+/// Stop, prune, run of a busybox httpd container published like the proxy: first on a
+/// port the engine picks, then again on that port, as a reboot does.
+async fn baseline_restart_outage(host: &KamalHost) -> Duration {
     let name = format!("kamal-proxy-baseline-{}", host.suffix);
     let label = format!("kamal-proxy-baseline={}", host.suffix);
-    let port = {
-        let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        l.local_addr().unwrap().port()
+    let run = |port: &str| {
+        format!(
+            "docker run --name {name} --network {} --detach --restart unless-stopped --init \
+             --label {} --label {label} --publish 127.0.0.1:{port}:80 {} \
+             sh -c 'echo ok > /www/index.html && exec httpd -f -p 80 -h /www'",
+            host.network,
+            docker::TEST_LABEL,
+            docker::ensure_test_image()
+        )
     };
-    let run = format!(
-        "docker run --name {name} --network {} --detach --restart unless-stopped --init \
-         --label {} --label {label} --publish 127.0.0.1:{port}:80 {} \
-         sh -c 'echo ok > /www/index.html && exec httpd -f -p 80 -h /www'",
-        host.network,
-        docker::TEST_LABEL,
-        docker::ensure_test_image()
-    );
     struct Cleanup(String);
     impl Drop for Cleanup {
         fn drop(&mut self) {
@@ -466,24 +498,33 @@ fn baseline_restart_outage(host: &KamalHost) -> Duration {
         }
     }
     let _cleanup = Cleanup(name.clone());
-    host.run_ok(&run);
-    let deadline = Instant::now() + PATIENCE;
-    while !answers(port, "baseline") {
-        assert!(Instant::now() < deadline, "baseline container never served");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    host.run_ok(&run(""));
+    let published = host.run_ok(&format!("docker port {name} 80/tcp"));
+    let port: u16 = published
+        .lines()
+        .find_map(|l| l.trim().rsplit_once(':')?.1.parse().ok())
+        .unwrap_or_else(|| panic!("no published port for {name}: {published:?}"));
+    poll_until("the baseline container to serve", PATIENCE, || async {
+        tokio::task::spawn_blocking(move || answers(port, "baseline"))
+            .await
+            .expect("poll")
+    })
+    .await;
+    let again = run(&port.to_string());
     outage_during(port, "baseline", || {
         host.run_ok(&format!("docker container stop {name}"));
         host.run_ok(&format!(
             "docker container prune --force --filter label={label}"
         ));
-        host.run_ok(&run);
+        host.run_ok(&again);
     })
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn custom_certificates_from_apps_config() {
-    let Some(host) = booted(&[]) else { return };
+    let Some(host) = booted(&[]).await else {
+        return;
+    };
     // `ssl: {certificate_pem: CERT, private_key_pem: KEY}`: Kamal writes the secrets under
     // .kamal/proxy/apps-config/<service>/tls/<role>/ and passes the container paths.
     let tls = host.apps_config().join("app/tls/web");
@@ -552,13 +593,13 @@ fn socket_options() -> Vec<(&'static str, String)> {
     ]
 }
 
-fn booted_with_socket() -> Option<KamalHost> {
+async fn booted_with_socket() -> Option<KamalHost> {
     if !docker::require_docker() {
         return None;
     }
     let options = socket_options();
     let options: Vec<(&str, &str)> = options.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let host = booted(&options)?;
+    let host = booted(&options).await?;
     let top = host.run_ok(&format!("docker top {} -o pid,uid,args", host.proxy));
     assert!(
         top.lines()
@@ -570,16 +611,19 @@ fn booted_with_socket() -> Option<KamalHost> {
 
 /// The container stops once idle and the next request wakes it.
 async fn sleeps_and_wakes(host: &KamalHost, app: &App, body: &str) {
-    host.wait_for_container_status(&app.name, "exited", PATIENCE);
-    let deadline = Instant::now() + PATIENCE;
-    while host.list_json()["services"]["app-web"]["sleep_state"] != "sleeping" {
-        assert!(
-            Instant::now() < deadline,
-            "never sleeping: {}",
-            host.list_json()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    host.wait_for_container_status(&app.name, "exited", PATIENCE)
+        .await;
+    poll_until("app-web to be sleeping", PATIENCE, || {
+        let list = host.list_json();
+        std::future::ready(
+            if list["services"]["app-web"]["sleep_state"] == "sleeping" {
+                Ok(())
+            } else {
+                Err(list)
+            },
+        )
+    })
+    .await;
     let r = get(host, APP_HOST, "/").await;
     assert_eq!((r.status, r.body.trim()), (200, body));
     assert_eq!(host.inspect(&app.name, "{{.State.Running}}"), "true");
@@ -587,7 +631,7 @@ async fn sleeps_and_wakes(host: &KamalHost, app: &App, body: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn scale_to_zero_with_the_fork_s_sleep_flags_as_the_non_root_user() {
-    let Some(host) = booted_with_socket() else {
+    let Some(host) = booted_with_socket().await else {
         return;
     };
     let web = host.app("app-web", "v1", "sleepy", &[]);
@@ -603,7 +647,7 @@ async fn scale_to_zero_with_the_fork_s_sleep_flags_as_the_non_root_user() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn scale_to_zero_from_container_labels_with_a_plain_kamal_deploy() {
-    let Some(host) = booted_with_socket() else {
+    let Some(host) = booted_with_socket().await else {
         return;
     };
     // deploy.yml `labels:` on the app's containers; the deploy line is stock Kamal's.
@@ -620,6 +664,60 @@ async fn scale_to_zero_from_container_labels_with_a_plain_kamal_deploy() {
     host.wait_for_log(
         &["Sleep settings from container labels", "app-web"],
         PATIENCE,
-    );
+    )
+    .await;
     sleeps_and_wakes(&host, &web, "labelled").await;
+}
+
+/// The saved options of `service`, read from the state file on the proxy's volume.
+fn saved_options(host: &KamalHost, service: &str) -> serde_json::Value {
+    // The image has no shell tools: copy the file out of the container.
+    host.run_ok(&format!(
+        "docker cp {}:{CONFIG_DIR}/kamal-proxy.state saved.state",
+        host.proxy
+    ));
+    let text = std::fs::read_to_string(host.workdir.path().join("saved.state")).expect("copy");
+    let state: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("state file: {e}: {text}"));
+    state
+        .as_array()
+        .and_then(|services| services.iter().find(|s| s["name"] == service))
+        .map(|s| s["options"].clone())
+        .unwrap_or_else(|| panic!("{service} not in the state file: {state}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redeploy_to_an_unlabelled_container_turns_sleep_off() {
+    let Some(host) = booted_with_socket().await else {
+        return;
+    };
+    let v1 = host.app(
+        "app-web",
+        "v1",
+        "labelled",
+        &[
+            ("kamal-proxy.sleep-after", "1h"),
+            ("kamal-proxy.wake-timeout", "20s"),
+        ],
+    );
+    host.deploy(&Deploy::new("app-web", &v1.target(), APP_HOST));
+    let described = &host.list_json()["services"]["app-web"];
+    assert_eq!(described["sleep_state"], "active", "{described}");
+    assert_eq!(
+        saved_options(&host, "app-web")["sleep_after"],
+        3_600_000_000_000i64
+    );
+
+    // The next version, deployed by stock Kamal without `labels:`: the target is the new
+    // container's id, which carries no sleep labels, so nothing asks for sleep any more.
+    let v2 = host.app("app-web", "v2", "unlabelled", &[]);
+    host.deploy(&Deploy::new("app-web", &v2.target(), APP_HOST));
+    host.stop_app(&v1);
+    let described = &host.list_json()["services"]["app-web"];
+    assert_eq!(described["sleep_state"], "off", "{described}");
+    assert_eq!(described["sleep_containers"], serde_json::json!([]));
+    let options = saved_options(&host, "app-web");
+    assert!(options.get("sleep_after").is_none(), "{options}");
+    let r = get(&host, APP_HOST, "/").await;
+    assert_eq!((r.status, r.body.trim()), (200, "unlabelled"));
 }

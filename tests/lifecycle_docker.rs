@@ -64,7 +64,7 @@ async fn start_starts_a_stopped_container_and_is_idempotent() {
     docker.start(&container.name).await.unwrap();
     let start_latency = started.elapsed();
     assert!(is_running(&container.name));
-    docker_support::wait_until_ready(&container).unwrap();
+    docker_support::ready(&container).await.unwrap();
     eprintln!(
         "start: {start_latency:?}, serving /up after {:?}",
         started.elapsed()
@@ -168,10 +168,10 @@ async fn start_returns_before_a_slow_booting_container_serves() {
     let started = Instant::now();
     docker.start(&container.name).await.unwrap();
     let start_latency = started.elapsed();
-    // Running is not ready: readiness is the health check's business.
-    assert!(start_latency < delay, "start took {start_latency:?}");
+    // Running is not ready: readiness is the health check's business. Nothing serves
+    // yet when start returns (no wall-clock bound on how fast start was).
     assert!(docker_support::http_get(container.port, "/up").is_err());
-    docker_support::wait_until_ready(&container).unwrap();
+    docker_support::ready(&container).await.unwrap();
     let ready = started.elapsed();
     eprintln!("slow boot: start {start_latency:?}, serving after {ready:?}");
     assert!(ready >= delay, "served after {ready:?}");

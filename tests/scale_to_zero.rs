@@ -13,10 +13,8 @@ async fn proxy() -> Proxy {
     Proxy::start_with(&[&socket], &[]).await
 }
 
-fn app(prefix: &str) -> TestContainer {
-    let c = docker::run_app_container(prefix, Duration::ZERO);
-    docker::wait_until_ready(&c).expect("app container ready");
-    c
+async fn app(prefix: &str) -> TestContainer {
+    docker::app_container_ready(prefix, Duration::ZERO, &[]).await
 }
 
 async fn deploy_sleepy(p: &Proxy, c: &TestContainer, extra: &[&str]) {
@@ -45,7 +43,7 @@ async fn sleeps_when_idle_and_twenty_concurrent_requests_wake_it_once() {
     if !docker::require_docker() {
         return;
     }
-    let c = app("s2z-coalesce");
+    let c = app("s2z-coalesce").await;
     let p = proxy().await;
     deploy_sleepy(&p, &c, &[]).await;
     asleep(&p, &c).await;
@@ -80,7 +78,7 @@ async fn a_chunked_post_held_during_a_wake_arrives_byte_identical() {
     if !docker::require_docker() {
         return;
     }
-    let c = app("s2z-post");
+    let c = app("s2z-post").await;
     let p = proxy().await;
     deploy_sleepy(&p, &c, &[]).await;
     asleep(&p, &c).await;
@@ -111,7 +109,7 @@ async fn health_checks_while_asleep_are_answered_without_a_start() {
     if !docker::require_docker() {
         return;
     }
-    let c = app("s2z-health");
+    let c = app("s2z-health").await;
     let p = proxy().await;
     deploy_sleepy(&p, &c, &[]).await;
     asleep(&p, &c).await;
@@ -132,7 +130,7 @@ async fn a_failed_wake_answers_503_with_retry_after_and_no_internal_detail() {
     if !docker::require_docker() {
         return;
     }
-    let c = app("s2z-gone");
+    let c = app("s2z-gone").await;
     let p = proxy().await;
     deploy_sleepy(&p, &c, &[]).await;
     asleep(&p, &c).await;
@@ -169,7 +167,7 @@ async fn a_restart_while_asleep_keeps_it_asleep_until_a_request_comes() {
     if !docker::require_docker() {
         return;
     }
-    let c = app("s2z-restart");
+    let c = app("s2z-restart").await;
     let mut p = proxy().await;
     deploy_sleepy(&p, &c, &["--sleep-after=2s"]).await;
     asleep(&p, &c).await;
@@ -200,7 +198,7 @@ async fn an_open_websocket_keeps_the_service_awake() {
     if !docker::require_docker() {
         return;
     }
-    let c = app("s2z-ws");
+    let c = app("s2z-ws").await;
     let p = proxy().await;
     deploy_sleepy(&p, &c, &[]).await;
 
@@ -222,7 +220,7 @@ async fn an_open_websocket_keeps_the_service_awake() {
     // The proxy's own idle timer as the clock: a second service with the same
     // --sleep-after, deployed after the socket went silent, falls asleep; the one whose
     // socket has been open (and silent) longer must not have.
-    let other = app("s2z-ws-clock");
+    let other = app("s2z-ws-clock").await;
     let container = format!("--sleep-container={}", other.name);
     p.deploy(
         "clock",
@@ -261,7 +259,7 @@ async fn deploy_refuses_containers_it_cannot_manage() {
     if !docker::require_docker() {
         return;
     }
-    let c = app("s2z-refuse");
+    let c = app("s2z-refuse").await;
     let p = proxy().await;
     let target = format!("--target=127.0.0.1:{}", c.port);
     let err = p
@@ -369,8 +367,7 @@ async fn a_wake_timeout_shorter_than_the_boot_answers_503_in_time() {
     if !docker::require_docker() {
         return;
     }
-    let c = docker::run_app_container("s2z-slowboot", Duration::from_secs(4));
-    docker::wait_until_ready(&c).expect("slow app eventually ready");
+    let c = docker::app_container_ready("s2z-slowboot", Duration::from_secs(4), &[]).await;
     let p = proxy().await;
     deploy_sleepy(&p, &c, &["--wake-timeout=1s"]).await;
     asleep(&p, &c).await;
@@ -394,7 +391,7 @@ async fn a_redeploy_while_asleep_leaves_a_service_that_serves() {
     if !docker::require_docker() {
         return;
     }
-    let c = app("s2z-redeploy");
+    let c = app("s2z-redeploy").await;
     let p = proxy().await;
     deploy_sleepy(&p, &c, &["--sleep-after=2s"]).await;
     asleep(&p, &c).await;
@@ -409,7 +406,7 @@ async fn a_rewrite_that_matches_the_health_path_does_not_wake_it() {
     if !docker::require_docker() {
         return;
     }
-    let c = app("s2z-rewrite");
+    let c = app("s2z-rewrite").await;
     let p = proxy().await;
     // The SPA catch-all that turned the Go fork's `/up` into a real, waking request.
     deploy_sleepy(&p, &c, &["--rewrite=/[^.]*=/index.html"]).await;
@@ -423,12 +420,10 @@ async fn a_rewrite_that_matches_the_health_path_does_not_wake_it() {
 }
 
 /// Stock Kamal cannot send `--sleep-after`, but it can label the app's containers.
-fn labelled_app(prefix: &str, labels: &[&str]) -> TestContainer {
+async fn labelled_app(prefix: &str, labels: &[&str]) -> TestContainer {
     let options: Vec<String> = labels.iter().map(|l| format!("--label={l}")).collect();
     let options: Vec<&str> = options.iter().map(String::as_str).collect();
-    let c = docker::run_app_container_with(prefix, Duration::ZERO, &options);
-    docker::wait_until_ready(&c).expect("app container ready");
-    c
+    docker::app_container_ready(prefix, Duration::ZERO, &options).await
 }
 
 fn saved_options(p: &Proxy) -> serde_json::Value {
@@ -445,7 +440,8 @@ async fn container_labels_switch_sleep_on_when_the_deploy_leaves_it_unset() {
     let c = labelled_app(
         "s2z-labels",
         &["kamal-proxy.sleep-after=1s", "kamal-proxy.wake-timeout=20s"],
-    );
+    )
+    .await;
     let p = proxy().await;
     // Only which container to manage is given (the target is an address here); the
     // durations come from the container's labels.
@@ -489,7 +485,7 @@ async fn a_flag_wins_over_its_label_and_no_flag_nor_label_means_no_sleep() {
     if !docker::require_docker() {
         return;
     }
-    let c = labelled_app("s2z-flagwins", &["kamal-proxy.sleep-after=1s"]);
+    let c = labelled_app("s2z-flagwins", &["kamal-proxy.sleep-after=1s"]).await;
     let p = proxy().await;
     let container = format!("--sleep-container={}", c.name);
     let target = format!("127.0.0.1:{}", c.port);
@@ -515,7 +511,7 @@ async fn an_invalid_label_refuses_the_deploy_as_an_invalid_flag_would() {
     if !docker::require_docker() {
         return;
     }
-    let c = labelled_app("s2z-badlabel", &["kamal-proxy.sleep-after=300"]);
+    let c = labelled_app("s2z-badlabel", &["kamal-proxy.sleep-after=300"]).await;
     let p = proxy().await;
     let container = format!("--sleep-container={}", c.name);
     let target = format!("--target=127.0.0.1:{}", c.port);
@@ -531,7 +527,7 @@ async fn an_invalid_label_refuses_the_deploy_as_an_invalid_flag_would() {
     assert!(docker::is_running(&c.name), "nothing stopped");
 
     // A label that parses but breaks a rule gets the flag's message.
-    let c = labelled_app("s2z-neglabel", &["kamal-proxy.sleep-after=-5s"]);
+    let c = labelled_app("s2z-neglabel", &["kamal-proxy.sleep-after=-5s"]).await;
     let container = format!("--sleep-container={}", c.name);
     let target = format!("--target=127.0.0.1:{}", c.port);
     let err = p.fails(&["deploy", "app", &target, &container]).await;
@@ -546,7 +542,7 @@ async fn a_refused_redeploy_leaves_a_sleeping_service_asleep() {
     if !docker::require_docker() {
         return;
     }
-    let c = app("s2z-refused");
+    let c = app("s2z-refused").await;
     let p = proxy().await;
     let other = testkit::backend::Backend::start("other").await;
     p.deploy("other", &other.target(), &["--host=taken.test"])

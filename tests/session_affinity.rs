@@ -455,10 +455,8 @@ async fn docker_proxy() -> Proxy {
     Proxy::start_with(&[&socket], &[]).await
 }
 
-fn app(prefix: &str) -> TestContainer {
-    let c = docker::run_app_container(prefix, Duration::ZERO);
-    docker::wait_until_ready(&c).expect("app container ready");
-    c
+async fn app(prefix: &str) -> TestContainer {
+    docker::app_container_ready(prefix, Duration::ZERO, &[]).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -466,8 +464,8 @@ async fn a_pin_survives_a_sleep_and_wake() {
     if !docker::require_docker() {
         return;
     }
-    let a = app("affinity-a");
-    let b = app("affinity-b");
+    let a = app("affinity-a").await;
+    let b = app("affinity-b").await;
     let p = docker_proxy().await;
     let targets = format!("127.0.0.1:{},127.0.0.1:{}", a.port, b.port);
     let containers = [

@@ -25,17 +25,14 @@ async fn the_hold_recipe_upgrades_the_proxy_container_without_failing_a_request(
     let old = format!("{}-old", host.proxy);
     host.remove_on_drop(&holder);
     host.remove_on_drop(&old);
-    host.http_port = testkit::free_port();
-    host.https_port = testkit::free_port();
 
-    // Once: the holder, never restarted by an upgrade.
+    // Once: the holder, never restarted by an upgrade, on host ports the engine picks.
     host.run_ok(&format!(
         "docker run -d --name {holder} --network {net} --restart unless-stopped --label {label} \
-         --publish 127.0.0.1:{http}:80 --publish 127.0.0.1:{https}:443 {image} kamal-proxy hold",
+         --publish 127.0.0.1::80 --publish 127.0.0.1::443 {image} kamal-proxy hold",
         net = host.network,
-        http = host.http_port,
-        https = host.https_port,
     ));
+    host.learn_ports(&holder);
     // A generation: the image's `run --reuse-port` in the holder's namespace, on the volume.
     let generation = || {
         format!(
@@ -47,7 +44,7 @@ async fn the_hold_recipe_upgrades_the_proxy_container_without_failing_a_request(
         )
     };
     host.run_ok(&generation());
-    host.wait_until_serving();
+    host.wait_until_serving().await;
     let app = host.app("app-web", "v1", "web-v1", &[]);
     host.deploy(&Deploy::new("app-web", &app.target(), APP_HOST));
 
@@ -58,12 +55,14 @@ async fn the_hold_recipe_upgrades_the_proxy_container_without_failing_a_request(
     host.run_ok(&format!("docker rename {} {old}", host.proxy));
     host.run_ok(&format!("docker update --restart no {old}"));
     host.run_ok(&generation());
-    host.wait_for_log(&["Took over the listeners"], PATIENCE);
+    host.wait_for_log(&["Took over the listeners"], PATIENCE)
+        .await;
     load.wait_for_more(200).await;
     host.run_ok(&format!(
         "docker exec {old} kamal-proxy drain --drain-timeout=30s"
     ));
-    host.wait_for_container_status(&old, "exited", PATIENCE);
+    host.wait_for_container_status(&old, "exited", PATIENCE)
+        .await;
     let exit = host.inspect(&old, "{{.State.ExitCode}}");
     assert_eq!(exit, "0", "the drained generation exits 0");
     host.run_ok(&format!("docker rm {old}"));

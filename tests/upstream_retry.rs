@@ -8,10 +8,11 @@ use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use testkit::{Proxy, client};
+use std::time::Duration;
+use testkit::{Proxy, client, poll_until};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 
 /// How the app treats a keep-alive connection once it has answered on it.
 #[derive(Clone, Copy)]
@@ -232,15 +233,20 @@ fn resend_lines(proxy: &Proxy) -> Vec<serde_json::Value> {
 }
 
 /// Waits for `n` resend lines (the log is read from a pipe, a moment behind).
-fn wait_resends(proxy: &Proxy, n: usize) -> Vec<serde_json::Value> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let lines = resend_lines(proxy);
-        if lines.len() >= n || Instant::now() > deadline {
-            return lines;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+async fn wait_resends(proxy: &Proxy, n: usize) -> Vec<serde_json::Value> {
+    poll_until(
+        &format!("{n} resend lines"),
+        Duration::from_secs(10),
+        || {
+            let lines = resend_lines(proxy);
+            std::future::ready(if lines.len() >= n {
+                Ok(lines)
+            } else {
+                Err(lines)
+            })
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -263,7 +269,7 @@ async fn gets_on_connections_closed_under_them_are_resent_once() {
         assert!(s.answered.values().all(|n| *n == 1));
     });
     // ...and the log says so, once per resend, naming what happened.
-    let lines = wait_resends(&proxy, unanswered.len());
+    let lines = wait_resends(&proxy, unanswered.len()).await;
     assert_eq!(lines.len(), unanswered.len(), "{lines:?}");
     let line = &lines[0];
     assert_eq!(line["level"], "INFO", "{line}");
@@ -326,19 +332,24 @@ async fn posts_written_are_not_resent(body: Vec<u8>) {
         }
     });
     // The error line says what happened, and that nothing was re-sent.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let errors = loop {
-        let errors: Vec<serde_json::Value> = proxy
-            .logs()
-            .iter()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v["msg"] == "Error while proxying")
-            .collect();
-        if errors.len() >= closed_posts.len() || Instant::now() > deadline {
-            break errors;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let errors = poll_until(
+        &format!("{} proxying error lines", closed_posts.len()),
+        Duration::from_secs(10),
+        || {
+            let errors: Vec<serde_json::Value> = proxy
+                .logs()
+                .iter()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["msg"] == "Error while proxying")
+                .collect();
+            std::future::ready(if errors.len() >= closed_posts.len() {
+                Ok(errors)
+            } else {
+                Err(errors)
+            })
+        },
+    )
+    .await;
     assert_eq!(errors.len(), closed_posts.len(), "{errors:?}");
     for e in &errors {
         assert_eq!(e["resent"], false, "{e}");

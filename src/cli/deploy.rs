@@ -9,6 +9,9 @@ use crate::control::{DeployArgs, Request};
 use crate::gotime::GoDuration;
 use crate::options::*;
 
+/// The clap group of the sleep flags: the flags `labels::SLEEP_FLAGS` reads labels for.
+const SLEEP_GROUP: &str = "sleep";
+
 const STAGING_DIRECTORY: &str = "https://acme-staging-v02.api.letsencrypt.org/directory";
 
 #[derive(Args, Debug)]
@@ -17,7 +20,9 @@ const STAGING_DIRECTORY: &str = "https://acme-staging-v02.api.letsencrypt.org/di
     long_about = "Deploy a target host.\n\n\
 Waits until every target is healthy (unless --force), switches traffic atomically, then drains\n\
 the previous targets before returning.\n\n\
-Example:\n  kamal-proxy deploy app-web --target=\"app-web-1234:3000\" --host=\"app.example.com\""
+Example:\n  kamal-proxy deploy app-web --target=\"app-web-1234:3000\" --host=\"app.example.com\"",
+    // The scale-to-zero flags, each of which a container label can stand in for.
+    group(clap::ArgGroup::new(SLEEP_GROUP).multiple(true))
 )]
 pub struct DeployCmd {
     /// Name of the service
@@ -149,30 +154,30 @@ pub struct DeployCmd {
     /// Stop the service's containers after this long without traffic (0 = never). Unset, it
     /// comes from the containers' label kamal-proxy.sleep-after when the proxy has a
     /// Docker socket [default: 0]
-    #[arg(long = "sleep-after", value_parser = duration, value_name = "DURATION")]
+    #[arg(long = "sleep-after", group = SLEEP_GROUP, value_parser = duration, value_name = "DURATION")]
     sleep_after: Option<GoDuration>,
     /// How long a request is held while a sleeping service starts (label:
     /// kamal-proxy.wake-timeout) [default: 30s]
-    #[arg(long = "wake-timeout", value_parser = duration, value_name = "DURATION")]
+    #[arg(long = "wake-timeout", group = SLEEP_GROUP, value_parser = duration, value_name = "DURATION")]
     wake_timeout: Option<GoDuration>,
     /// Container to stop and start instead of those named by the targets (repeatable;
     /// label: kamal-proxy.sleep-container, comma-separated)
-    #[arg(long = "sleep-container", action = ArgAction::Append, value_name = "CONTAINER")]
+    #[arg(long = "sleep-container", group = SLEEP_GROUP, action = ArgAction::Append, value_name = "CONTAINER")]
     sleep_container: Vec<String>,
     /// Freeze (docker pause: memory kept, no CPU, wakes in milliseconds) the service's
     /// containers after this long without traffic; 0 = never. With --sleep-after it must be
     /// shorter: frozen first, stopped later (label: kamal-proxy.freeze-after) [default: 0]
-    #[arg(long = "freeze-after", value_parser = duration, value_name = "DURATION")]
+    #[arg(long = "freeze-after", group = SLEEP_GROUP, value_parser = duration, value_name = "DURATION")]
     freeze_after: Option<GoDuration>,
     /// Select the containers to freeze, stop and start by Docker label at each transition
     /// instead of fixed references (repeatable, all must match; e.g. service=app, role=web;
     /// label: kamal-proxy.sleep-label, comma-separated)
-    #[arg(long = "sleep-label", action = ArgAction::Append, value_name = "KEY=VALUE")]
+    #[arg(long = "sleep-label", group = SLEEP_GROUP, action = ArgAction::Append, value_name = "KEY=VALUE")]
     sleep_label: Vec<String>,
     /// Answer a browser navigation still held by a wake after 1s with a self-refreshing
     /// "Starting…" page (503, Retry-After; wake.html in --error-pages overrides it); API
     /// calls stay held (label: kamal-proxy.wake-page)
-    #[arg(long = "wake-page", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
+    #[arg(long = "wake-page", group = SLEEP_GROUP, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, value_name = "BOOL")]
     wake_page: Option<bool>,
 
     /// Only these client addresses or CIDR ranges may reach the service; others get 403 (repeatable, or comma-separated)
@@ -399,6 +404,63 @@ mod tests {
                 .unwrap_err(),
             "service options invalid: session-affinity-cookie requires session-affinity"
         );
+    }
+
+    /// One vocabulary: every flag in the deploy command's sleep group has a label (it is
+    /// in `SLEEP_FLAGS`, and its help names `kamal-proxy.<flag>`), every label name is a
+    /// sleep flag, and no flag that looks like one (sleep-/wake-/freeze-) is outside the
+    /// group.
+    #[test]
+    fn the_sleep_flags_and_the_label_names_agree_both_ways() {
+        use crate::service::sleep::labels::label_for;
+        let mut command = Wrapper::command();
+        // Arguments join their groups when the command is built.
+        command.build();
+        let group = command
+            .get_groups()
+            .find(|g| g.get_id() == SLEEP_GROUP)
+            .expect("the deploy command has a sleep group");
+        let members: Vec<&clap::Arg> = group
+            .get_args()
+            .map(|id| {
+                command
+                    .get_arguments()
+                    .find(|a| a.get_id() == id)
+                    .unwrap_or_else(|| panic!("group member {id} is no argument"))
+            })
+            .collect();
+        let flags: Vec<&str> = members
+            .iter()
+            .map(|a| a.get_long().expect("a long flag"))
+            .collect();
+        for arg in &members {
+            let flag = arg.get_long().expect("a long flag");
+            assert!(
+                SLEEP_FLAGS.contains(&flag),
+                "--{flag} is a sleep flag with no label"
+            );
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            assert!(
+                help.contains(&label_for(flag)),
+                "--{flag}'s help does not name its label {}: {help}",
+                label_for(flag)
+            );
+        }
+        for label in SLEEP_FLAGS {
+            assert!(
+                flags.contains(label),
+                "label kamal-proxy.{label} names no sleep flag of deploy"
+            );
+        }
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if ["sleep-", "wake-", "freeze-"]
+                .iter()
+                .any(|p| long.starts_with(p))
+            {
+                assert!(flags.contains(&long), "--{long} is outside the sleep group");
+            }
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::poll::poll_until;
 use crate::ports::free_port;
 
 pub const TEST_IMAGE: &str = "kamal-proxy-test-busybox:latest";
@@ -393,8 +394,60 @@ pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body.to_owned()))
 }
 
-/// Polls `GET /up` until it answers `ok`. Gives up early when the container exits
-/// (httpd could not bind its port).
+/// Polls `GET /up` (through [`poll_until`], on tokio's clock) until the container answers
+/// `ok`. `Err` when the container exits first (its process could not bind its port);
+/// panics if it neither serves nor exits within a generous guard.
+pub async fn ready(container: &TestContainer) -> Result<(), String> {
+    let url = format!("http://127.0.0.1:{}/up", container.port);
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    let what = format!("{} to serve /up", container.name);
+    poll_until(&what, READY_TIMEOUT, || async {
+        if let Ok(r) = http.get(&url).send().await
+            && r.status() == 200
+            && r.text().await.is_ok_and(|b| b.trim() == "ok")
+        {
+            return Ok(Ok(()));
+        }
+        let running = tokio::process::Command::new("docker")
+            .args(["inspect", "--format", "{{.State.Running}}", &container.name])
+            .output()
+            .await
+            .is_ok_and(|o| {
+                o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "true"
+            });
+        if running {
+            Err("not serving /up yet")
+        } else {
+            Ok(Err(format!("{} exited before serving /up", container.name)))
+        }
+    })
+    .await
+}
+
+/// [`run_app_container_with`], returned once it serves `/up`; started again on a fresh
+/// port when the one picked was taken before the app bound it (the app exits then).
+pub async fn app_container_ready(
+    name_prefix: &str,
+    boot_delay: Duration,
+    docker_options: &[&str],
+) -> TestContainer {
+    let mut last_error = String::new();
+    for _ in 0..RUN_ATTEMPTS {
+        let container = run_app_container_with(name_prefix, boot_delay, docker_options);
+        match ready(&container).await {
+            Ok(()) => return container,
+            Err(e) => last_error = e,
+        }
+    }
+    panic!("app container never became ready in {RUN_ATTEMPTS} attempts: {last_error}");
+}
+
+/// The blocking form of [`ready`], kept for callers outside an async context and for the
+/// tests not yet moved to [`ready`] / [`app_container_ready`].
 pub fn wait_until_ready(container: &TestContainer) -> Result<(), String> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {

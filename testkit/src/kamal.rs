@@ -7,10 +7,12 @@
 //! (`kamal-proxy-<suffix>` for `kamal-proxy`), the network (`kamal-<suffix>` for `kamal`)
 //! and the config volume (`kamal-proxy-config-<suffix>`). Every flag, its order and its
 //! quoting are Kamal's. Ports are published on 127.0.0.1 only (Kamal's `bind_ips`), on
-//! free host ports. Everything created carries `kamal-proxy-test=1` and is removed on drop.
+//! host ports the engine picks at boot and reports (`docker port`), so nothing races for
+//! them; a reboot publishes the same ports again, as Kamal's does. Everything created
+//! carries `kamal-proxy-test=1` and is removed on drop.
 
 use crate::docker::{self, TEST_LABEL};
-use crate::ports::free_port;
+use crate::poll::poll_until;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,8 +24,6 @@ pub const CONFIG_DIR: &str = "/home/kamal-proxy/.config/kamal-proxy";
 pub const APPS_CONFIG: &str = "/home/kamal-proxy/.apps-config";
 /// How long a proxy container may take to answer its ping after `docker run`.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
-/// A free port picked by binding `:0` can be taken before Docker binds it; retry then.
-const BOOT_ATTEMPTS: usize = 3;
 
 /// Builds the image once per test process with `bash scripts/image` and returns the
 /// reference it printed last (`kamal-proxy:v<crate version>`).
@@ -283,8 +283,8 @@ impl KamalHost {
             "--detach --restart unless-stopped".to_owned(),
             format!("--volume {}:{CONFIG_DIR}", self.volume),
             format!("--volume $PWD/.kamal/proxy/apps-config:{APPS_CONFIG}"),
-            format!("--publish 127.0.0.1:{}:80", self.http_port),
-            format!("--publish 127.0.0.1:{}:443", self.https_port),
+            publish(self.http_port, 80),
+            publish(self.https_port, 443),
             "--log-opt max-size=10m".to_owned(),
         ];
         a.extend(self.run_options.iter().cloned());
@@ -302,25 +302,34 @@ impl KamalHost {
         )
     }
 
-    /// `kamal proxy boot` on fresh free ports, then waits until the proxy answers its ping.
-    pub fn boot(&mut self) {
-        let mut last = String::new();
-        for _ in 0..BOOT_ATTEMPTS {
-            self.http_port = free_port();
-            self.https_port = free_port();
-            let out = self.run(&self.boot_line());
-            if out.status.success() {
-                self.wait_until_serving();
-                return;
-            }
-            last = String::from_utf8_lossy(&out.stderr).into_owned();
-            // A port taken meanwhile leaves a created container behind: drop it, retry.
-            docker::remove(&self.proxy);
-        }
-        panic!("kamal proxy boot failed: {last}");
+    /// `kamal proxy boot` on host ports the engine picks (learned with `docker port`),
+    /// then waits until the proxy answers its ping.
+    pub async fn boot(&mut self) {
+        self.http_port = 0;
+        self.https_port = 0;
+        self.run_ok(&self.boot_line());
+        let proxy = self.proxy.clone();
+        self.learn_ports(&proxy);
+        self.wait_until_serving().await;
     }
 
-    /// `kamal proxy reboot`: stop, prune stopped proxy containers by the image label, run.
+    /// Takes `http_port` and `https_port` from the host ports `container` publishes 80
+    /// and 443 on (`docker port`), for a container started with them left to the engine.
+    pub fn learn_ports(&mut self, container: &str) {
+        self.http_port = self.published_port(container, 80);
+        self.https_port = self.published_port(container, 443);
+    }
+
+    fn published_port(&self, container: &str, port: u16) -> u16 {
+        let out = self.run_ok(&format!("docker port {container} {port}/tcp"));
+        // `127.0.0.1:32768`, one line per binding.
+        out.lines()
+            .find_map(|l| l.trim().rsplit_once(':')?.1.parse().ok())
+            .unwrap_or_else(|| panic!("no host port for {container} {port}/tcp: {out:?}"))
+    }
+
+    /// `kamal proxy reboot`: stop, prune stopped proxy containers by the image label, run
+    /// (on the ports the boot published).
     pub fn reboot(&self) {
         self.run_ok(&format!("docker container stop {}", self.proxy));
         self.run_ok(
@@ -330,22 +339,22 @@ impl KamalHost {
     }
 
     /// Polls `GET /.kamal-proxy/ping` until the proxy answers through the published port.
-    pub fn wait_until_serving(&self) {
-        let deadline = Instant::now() + BOOT_TIMEOUT;
-        loop {
-            if matches!(
-                docker::http_get(self.http_port, "/.kamal-proxy/ping"),
-                Ok((200, _))
-            ) {
-                return;
+    pub async fn wait_until_serving(&self) {
+        let url = self.url("/.kamal-proxy/ping");
+        // Each attempt bounded, so a ping stuck on a half-started container is retried.
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("client");
+        poll_until("the proxy to answer its ping", BOOT_TIMEOUT, || async {
+            match http.get(&url).send().await {
+                Ok(r) if r.status() == 200 => Ok(()),
+                Ok(r) => Err(format!("status {}", r.status())),
+                Err(e) => Err(format!("{e}; proxy logs:\n{}", self.logs_async().await)),
             }
-            assert!(
-                Instant::now() < deadline,
-                "the proxy never answered its ping; logs:\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        })
+        .await
     }
 
     /// Runs one of Kamal's lines in this server's working directory.
@@ -460,36 +469,41 @@ impl KamalHost {
     }
 
     /// Polls until the container's `.State.Status` is `status`; panics with the log otherwise.
-    pub fn wait_for_container_status(&self, name: &str, status: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let now = self.inspect(name, "{{.State.Status}}");
+    pub async fn wait_for_container_status(&self, name: &str, status: &str, timeout: Duration) {
+        let what = format!("container {name} to be {status:?}");
+        poll_until(&what, timeout, || async {
+            let out = docker_async(&["inspect", "--format", "{{.State.Status}}", name]).await;
+            let now = String::from_utf8_lossy(&out.stdout).trim().to_owned();
             if now == status {
-                return;
+                Ok(())
+            } else {
+                Err(format!("{now:?}; proxy logs:\n{}", self.logs_async().await))
             }
-            assert!(
-                Instant::now() < deadline,
-                "container {name} stayed {now:?}, expected {status:?}; proxy logs:\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        })
+        .await
     }
 
-    /// Polls the proxy's log until a line contains every one of `needles`.
-    pub fn wait_for_log(&self, needles: &[&str], timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let logs = self.logs();
-            if let Some(line) = logs.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
-                return line.to_owned();
+    /// Polls the proxy's log until a line contains every one of `needles`, and returns it.
+    pub async fn wait_for_log(&self, needles: &[&str], timeout: Duration) -> String {
+        let what = format!("a proxy log line with {needles:?}");
+        poll_until(&what, timeout, || async {
+            let logs = self.logs_async().await;
+            match logs.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+                Some(line) => Ok(line.to_owned()),
+                None => Err(logs),
             }
-            assert!(
-                Instant::now() < deadline,
-                "no log line with {needles:?}; proxy logs:\n{logs}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        })
+        .await
+    }
+
+    /// [`KamalHost::logs`] without blocking the runtime.
+    async fn logs_async(&self) -> String {
+        let out = docker_async(&["logs", &self.proxy]).await;
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
     }
 
     /// `http://127.0.0.1:<published http port><path>`.
@@ -523,6 +537,24 @@ impl Drop for KamalHost {
             .args(["network", "rm", &self.network])
             .output();
     }
+}
+
+/// `--publish` on 127.0.0.1 of `container_port`: on `host_port`, or one the engine picks (0).
+fn publish(host_port: u16, container_port: u16) -> String {
+    if host_port == 0 {
+        format!("--publish 127.0.0.1::{container_port}")
+    } else {
+        format!("--publish 127.0.0.1:{host_port}:{container_port}")
+    }
+}
+
+/// `docker <args>` on tokio's process API (a poll's check must not block the runtime).
+async fn docker_async(args: &[&str]) -> Output {
+    tokio::process::Command::new("docker")
+        .args(args)
+        .output()
+        .await
+        .expect("run the docker CLI")
 }
 
 fn set_mode(path: &Path, mode: u32) {
