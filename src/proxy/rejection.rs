@@ -197,7 +197,7 @@ impl Rejection {
     }
 
     /// The response the client gets. Called alone only for answers that are never
-    /// access-logged (the ping, the metrics listener); everything else goes through
+    /// access-logged (the ping, HTTP-01 answers, the metrics listener); everything else goes through
     /// [`Rejection::respond`].
     pub fn render(
         self,

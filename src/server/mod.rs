@@ -410,28 +410,21 @@ pub async fn handle(
             req.method() == http::Method::GET || req.method() == http::Method::HEAD;
         return Rejection::Ping { method_allowed }.render(None, req.method());
     }
-    let request_id = ensure_request_id(&mut req);
-    ensure_request_start(&mut req);
-    let record = access_record(proxy, &req, conn, request_id);
-    let exchange = Exchange::new(record);
-
-    // HTTP-01 answers come before routing and any redirect, and are logged like any
-    // request with no service (upstream's autocert handler sits inside its logging
-    // middleware, ahead of the service's own handler).
+    // HTTP-01 answers come before routing and any redirect, and ahead of the access log
+    // (ARCHITECTURE.md's step 2): a certificate authority's probes are not app traffic.
     if req
         .uri()
         .path()
         .starts_with(crate::tls::challenge::HTTP01_PREFIX)
     {
         if let Some(answer) = acme_http01::answer(&proxy.router, &req) {
-            let at = Refused {
-                service: "",
-                path: req.uri().path(),
-                method: req.method(),
-            };
-            return answer.respond(&at, None, exchange);
+            return answer.render(None, req.method());
         }
     }
+    let request_id = ensure_request_id(&mut req);
+    ensure_request_start(&mut req);
+    let record = access_record(proxy, &req, conn, request_id);
+    let exchange = Exchange::new(record);
 
     // One meaning per request: which host it is for, or a 400 when that is ambiguous.
     if let Err(rejection) = framing::settle(&mut req) {
