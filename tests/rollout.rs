@@ -637,6 +637,32 @@ async fn log_entry(proxy: &Proxy, skip: usize, msg: &str) -> serde_json::Value {
     v
 }
 
+/// A plain deploy's lines carry its lists as slog writes Go's `[]string`: JSON arrays.
+#[tokio::test(flavor = "multi_thread")]
+async fn deploy_logs_its_lists_as_json_arrays() {
+    let a = Backend::start("a").await;
+    let b = Backend::start("b").await;
+    let proxy = Proxy::start().await;
+    let mark = proxy.logs().len();
+    proxy
+        .deploy(
+            "app",
+            &format!("{},{}", a.target(), b.target()),
+            &["--host=app.test,www.app.test", "--path-prefix=/api"],
+        )
+        .await;
+    for msg in ["Deploying", "Deployed"] {
+        assert_eq!(
+            log_entry(&proxy, mark, msg).await,
+            json!({
+                "level": "INFO", "msg": msg, "service": "app",
+                "targets": [a.target(), b.target()],
+                "hosts": ["app.test", "www.app.test"], "paths": ["/api"], "tls": false
+            })
+        );
+    }
+}
+
 /// Upstream's messages and attributes (§7.1; `router.go`, `service.go`): lists as JSON
 /// arrays, an allow list given by no `--list` as Go's `null`.
 #[tokio::test(flavor = "multi_thread")]

@@ -70,7 +70,8 @@ impl Router {
         let existing = self.services.lock().await.get(&name).cloned();
         let _keep_awake = keep_awake(existing.as_deref(), "deploy").await?;
 
-        tracing::info!(service = %name, targets = %targets.join(","), hosts = %options.hosts.join(","), paths = %options.path_prefixes.join(","), tls = options.tls_enabled, "Deploying");
+        let fields = deploy_log_fields(&targets, &options.hosts, &options.path_prefixes);
+        tracing::info!(service = %name, json_fields = fields.as_str(), tls = options.tls_enabled, "Deploying");
         lb.start_health_checks(ProbeMode::Deploy);
         if !deployment.force {
             let timeout = deployment.deploy_timeout.to_std();
@@ -138,7 +139,7 @@ impl Router {
             old.stop_health_checks();
             old.drain(deployment.drain_timeout.to_std()).await;
         }
-        tracing::info!(service = %name, targets = %targets.join(","), hosts = %options.hosts.join(","), paths = %options.path_prefixes.join(","), tls = options.tls_enabled, "Deployed");
+        tracing::info!(service = %name, json_fields = fields.as_str(), tls = options.tls_enabled, "Deployed");
         Ok(())
     }
 
@@ -382,6 +383,21 @@ fn claims_same_route(a: &ServiceOptions, b: &ServiceOptions) -> bool {
     a.hosts
         .iter()
         .any(|h| b.hosts.contains(h) && a.path_prefixes.iter().any(|p| b.path_prefixes.contains(p)))
+}
+
+/// `targets`, `hosts` and `paths` as slog writes Go's `[]string` attributes: JSON arrays.
+fn deploy_log_fields(targets: &[String], hosts: &[String], paths: &[String]) -> String {
+    let mut out = String::new();
+    for (i, (key, values)) in [("targets", targets), ("hosts", hosts), ("paths", paths)]
+        .into_iter()
+        .enumerate()
+    {
+        if i > 0 {
+            out.push(',');
+        }
+        crate::observe::log::json_string_list_member(&mut out, key, values);
+    }
+    out
 }
 
 #[cfg(test)]
