@@ -15,6 +15,42 @@ use super::http1::body::Http1Body;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A client's request body as the pipeline receives it: hyper's, or none at all (a
+/// bodiless request read by our own HTTP/1 connection, `server::h1`).
+pub enum ClientBody {
+    Hyper(Incoming),
+    Empty,
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx),
+            ClientBody::Empty => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Hyper(b) => b.is_end_stream(),
+            ClientBody::Empty => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Hyper(b) => b.size_hint(),
+            ClientBody::Empty => SizeHint::with_exact(0),
+        }
+    }
+}
+
 /// What we send upstream.
 pub struct RequestBody {
     kind: RequestKind,

@@ -4,13 +4,13 @@
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
 use http_body_util::BodyExt;
-use hyper::body::{Body as _, Incoming};
+use hyper::body::Body as _;
 use hyper_util::rt::TokioIo;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::body::finish;
-use super::body::{BodyReadTimeout, RequestBody, ResponseBody, UpstreamBody};
+use super::body::{BodyReadTimeout, ClientBody, RequestBody, ResponseBody, UpstreamBody};
 use super::buffer::{BufferError, SpillBuffer};
 use super::cookies;
 use super::exchange::Exchange;
@@ -129,7 +129,11 @@ impl Forwarder {
     /// A client's request body as it is forwarded: cut off after `--body-read-timeout`
     /// of silence, or when it is still coming `--read-timeout` after the request
     /// `arrived`.
-    pub fn client_body(&self, incoming: Incoming, arrived: tokio::time::Instant) -> RequestBody {
+    pub fn client_body(&self, body: ClientBody, arrived: tokio::time::Instant) -> RequestBody {
+        let incoming = match body {
+            ClientBody::Hyper(incoming) => incoming,
+            ClientBody::Empty => return RequestBody::empty(),
+        };
         RequestBody::stream(incoming)
             .read_timeout(self.body_read_timeout)
             .read_deadline(self.read_timeout.map(|limit| arrived + limit))

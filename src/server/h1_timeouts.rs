@@ -46,7 +46,8 @@ impl Phase {
         self.set(BUSY);
     }
 
-    fn byte_read(&self) {
+    /// A byte of a request arrived (it starts a head when the connection was idle).
+    pub fn byte_read(&self) {
         if self.0.load(Ordering::Relaxed) & STATE == IDLE {
             self.set(HEAD);
         }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Proxy, Shutdown, handle, normalize};
+use crate::proxy::body::ClientBody;
 use crate::service::Conn;
 
 type BridgeBody = BoxBody<Bytes, std::io::Error>;
@@ -181,7 +182,7 @@ async fn serve_request(
         let service = service_fn(move |mut req| {
             let proxy = proxy.clone();
             *req.version_mut() = Version::HTTP_3;
-            async move { Ok::<_, Infallible>(handle(&proxy, req, conn).await) }
+            async move { Ok::<_, Infallible>(handle(&proxy, req.map(ClientBody::Hyper), conn).await) }
         });
         let _ = super::http1_builder(&limits)
             .serve_connection(TokioIo::new(server_io), service)

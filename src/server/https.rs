@@ -20,6 +20,7 @@ use super::idle::{Activity, Counted};
 use super::workers::Workers;
 use super::write_deadline::{WriteDeadline, WriteTimedOut};
 use super::{Drain, FirstRequest, Proxy, Shutdown, drive_h1, handle, http1_builder, normalize};
+use crate::proxy::body::ClientBody;
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
 
@@ -179,7 +180,7 @@ async fn serve_connection(
         return;
     }
     let phase = Arc::new(Phase::default());
-    let watchdog = Watchdog::new(phase.clone(), https.proxy.limits.timeouts);
+    let watchdog = std::pin::pin!(Watchdog::new(phase.clone(), https.proxy.limits.timeouts));
     let io = TokioIo::new(Noted::new(ChunkGuard::new(tls), phase.clone()));
     let shared = https.clone();
     let seen = first.clone();
@@ -273,7 +274,7 @@ async fn respond(
     req: http::Request<hyper::body::Incoming>,
     conn: Conn,
 ) -> http::Response<crate::proxy::body::ResponseBody> {
-    let mut response = handle(&https.proxy, req, conn).await;
+    let mut response = handle(&https.proxy, req.map(ClientBody::Hyper), conn).await;
     if let Some(alt_svc) = &https.alt_svc {
         if !response.headers().contains_key(header::ALT_SVC) {
             response

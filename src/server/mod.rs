@@ -2,11 +2,9 @@
 //! request id and start stamp, the access log, and routing to a service.
 
 use http::{HeaderValue, Request, Response, header};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use std::convert::Infallible;
+use hyper_util::rt::TokioTimer;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -15,6 +13,7 @@ mod acme_http01;
 pub mod certificates;
 mod chunk_guard;
 mod framing;
+mod h1;
 mod h1_timeouts;
 #[cfg(feature = "http3")]
 pub mod h3;
@@ -33,16 +32,14 @@ pub use shutdown::{DEFAULT_SHUTDOWN_TIMEOUT, Drain, FirstRequest, Shutdown};
 
 use crate::observe::access::{AccessRecord, header_values, no_logged_headers};
 use crate::proxy::Forwarder;
-use crate::proxy::body::ResponseBody;
+use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::headers::{X_FORWARDED_FOR, X_REQUEST_ID, X_REQUEST_START};
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::router::Router;
 use crate::service::Conn;
 use crate::uri::{host_without_port, request_host};
-use chunk_guard::ChunkGuard;
-use h1_timeouts::{Noted, Phase, ResponseOver, Watchdog};
-use idle::Counted;
+use h1_timeouts::Watchdog;
 use limits::{ConnectionSlots, Limits};
 use proxy_protocol::ProxyProtocol;
 
@@ -320,23 +317,7 @@ async fn serve_connection(
         client: normalize(client),
         tls: false,
     };
-    let first = Arc::new(FirstRequest::default());
-    let phase = Arc::new(Phase::default());
-    let watchdog = Watchdog::new(phase.clone(), proxy.limits.timeouts);
-    let (seen, noted) = (first.clone(), phase.clone());
-    let service = service_fn(move |req| {
-        seen.mark();
-        noted.request();
-        let over = ResponseOver::new(&noted);
-        let proxy = proxy.clone();
-        async move {
-            let response = handle(&proxy, req, conn).await;
-            Ok::<_, Infallible>(response.map(|body| Counted::new(body, over)))
-        }
-    });
-    let io = TokioIo::new(Noted::new(ChunkGuard::new(stream), phase));
-    let connection = http1.serve_connection(io, service).with_upgrades();
-    drive_h1(connection, watchdog, &draining, &first, conn.client).await;
+    h1::serve(stream, conn, proxy, http1, draining).await;
 }
 
 /// Serves an HTTP/1.x connection to its end. The listener timeouts close it (see
@@ -344,19 +325,18 @@ async fn serve_connection(
 /// connection closes instead of being kept alive.
 pub(crate) async fn drive_h1<I, S, B>(
     connection: hyper::server::conn::http1::UpgradeableConnection<I, S>,
-    watchdog: Watchdog,
+    mut watchdog: Pin<&mut Watchdog>,
     draining: &Drain,
     first: &FirstRequest,
     client: SocketAddr,
 ) where
-    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     B: hyper::body::Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut connection = std::pin::pin!(connection);
-    let mut watchdog = std::pin::pin!(watchdog);
     // A connection handed over before its first request still gets it served.
     let drained = async {
         draining.started_wait().await;
@@ -370,11 +350,7 @@ pub(crate) async fn drive_h1<I, S, B>(
             biased;
             r = connection.as_mut() => break r,
             expired = watchdog.as_mut() => {
-                if expired == h1_timeouts::Expired::Write {
-                    tracing::info!(client = %client, "Response not written within --write-timeout; closing the connection");
-                } else {
-                    tracing::debug!(client = %client, reason = expired.reason(), "Closing connection");
-                }
+                log_expired(expired, client);
                 return;
             }
             _ = drained.as_mut(), if !closing => {
@@ -385,6 +361,15 @@ pub(crate) async fn drive_h1<I, S, B>(
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "Connection error");
+    }
+}
+
+/// A listener timeout closed a connection.
+fn log_expired(expired: h1_timeouts::Expired, client: SocketAddr) {
+    if expired == h1_timeouts::Expired::Write {
+        tracing::info!(client = %client, "Response not written within --write-timeout; closing the connection");
+    } else {
+        tracing::debug!(client = %client, reason = expired.reason(), "Closing connection");
     }
 }
 
@@ -401,7 +386,7 @@ pub(crate) fn normalize(addr: SocketAddr) -> SocketAddr {
 
 pub async fn handle(
     proxy: &Proxy,
-    mut req: Request<Incoming>,
+    mut req: Request<ClientBody>,
     conn: Conn,
 ) -> Response<ResponseBody> {
     if req.uri().path() == PING_PATH {
@@ -452,7 +437,7 @@ pub async fn handle(
 
 /// The request's id: the client's, or a fresh UUIDv4 set on the request. Returned as a
 /// header value, which shares its bytes instead of copying them for the log.
-fn ensure_request_id(req: &mut Request<Incoming>) -> HeaderValue {
+fn ensure_request_id(req: &mut Request<ClientBody>) -> HeaderValue {
     if let Some(id) = req.headers().get(&X_REQUEST_ID).filter(|v| !v.is_empty()) {
         return id.clone();
     }
@@ -464,7 +449,7 @@ fn ensure_request_id(req: &mut Request<Incoming>) -> HeaderValue {
     id
 }
 
-fn ensure_request_start(req: &mut Request<Incoming>) {
+fn ensure_request_start(req: &mut Request<ClientBody>) {
     if req
         .headers()
         .get(&X_REQUEST_START)
@@ -489,7 +474,7 @@ fn ensure_request_start(req: &mut Request<Incoming>) {
 
 fn access_record(
     proxy: &Proxy,
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     conn: Conn,
     request_id: HeaderValue,
 ) -> AccessRecord {

@@ -4,7 +4,6 @@
 use arc_swap::{ArcSwap, ArcSwapOption};
 use http::uri::PathAndQuery;
 use http::{HeaderName, Method, Request, Response, header};
-use hyper::body::Incoming;
 use std::sync::Arc;
 
 mod attempts;
@@ -21,7 +20,7 @@ use crate::observe::access::{header_values, log_key};
 use crate::observe::metrics::ServiceMetrics;
 use crate::options::upstream::{PathTimeouts, RetryPolicy};
 use crate::options::{ServiceOptions, TargetOptions};
-use crate::proxy::body::ResponseBody;
+use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::proxy::cookies::request_cookie;
 use crate::proxy::exchange::Exchange;
 use crate::proxy::pages::ErrorPages;
@@ -285,7 +284,7 @@ impl Service {
     /// matched. The returned response always carries `exchange`.
     pub async fn serve(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<ClientBody>,
         conn: Conn,
         prefix: &str,
         mut exchange: Exchange,
@@ -388,7 +387,7 @@ impl Service {
     /// a sleeping service is counted in flight (in `exchange`) and its wake awaited.
     async fn admit(
         &self,
-        req: &mut Request<Incoming>,
+        req: &mut Request<ClientBody>,
         conn: Conn,
         config: &ServiceConfig,
         is_health_check: bool,
