@@ -998,3 +998,103 @@ async fn refused_websocket_upgrade_passes_the_apps_answer_through() {
     assert_eq!(r.status, 400);
     assert_eq!(r.text(), "not a websocket request");
 }
+
+/// Reads the next response on a kept-alive connection.
+async fn next_response(
+    reader: &mut tokio::io::BufReader<tokio::net::TcpStream>,
+    head: bool,
+) -> raw::RawResponse {
+    tokio::time::timeout(Duration::from_secs(20), raw::read_response(reader, head))
+        .await
+        .expect("a response within 20 s")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pipelined_requests_are_answered_in_order_on_one_connection() {
+    let (_b, proxy) = serve(&[]).await;
+    let s = raw::connect(proxy.http_port).await;
+    let mut reader = tokio::io::BufReader::new(s);
+    // Three requests in one write, the last one split in the middle of its head.
+    let all = b"GET /echo?n=1 HTTP/1.1\r\nHost: app.test\r\n\r\n\
+                HEAD /echo?n=2 HTTP/1.1\r\nHost: app.test\r\n\r\n\
+                GET /echo?n=3 HTTP/1.1\r\nHo";
+    reader.get_mut().write_all(all).await.unwrap();
+    let first = next_response(&mut reader, false).await;
+    assert_eq!(first.json()["uri"], "/echo?n=1");
+    let second = next_response(&mut reader, true).await;
+    assert_eq!(second.status, 200);
+    assert!(second.body.is_empty(), "a HEAD answer has no body");
+    assert!(second.has_header("content-length"), "{:?}", second.headers);
+    reader
+        .get_mut()
+        .write_all(b"st: app.test\r\n\r\n")
+        .await
+        .unwrap();
+    let third = next_response(&mut reader, false).await;
+    assert_eq!(third.json()["uri"], "/echo?n=3");
+    let line = wait_access(&proxy, "for the third", |l| l["query"] == "n=3").await;
+    assert_eq!(line["status"], 200);
+}
+
+/// A request with a body arriving on a connection that has carried plain GETs: the
+/// connection changes hands (our server reads bodiless requests itself and leaves the
+/// rest to hyper) without losing a byte, and serves what follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_after_plain_requests_on_one_connection_arrives_whole() {
+    let (_b, proxy) = serve(&[]).await;
+    let s = raw::connect(proxy.http_port).await;
+    let mut reader = tokio::io::BufReader::new(s);
+    reader
+        .get_mut()
+        .write_all(b"GET /echo?n=1 HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(
+        next_response(&mut reader, false).await.json()["method"],
+        "GET"
+    );
+    let body = vec![b'x'; 100_000];
+    let head = format!(
+        "POST /echo HTTP/1.1\r\nHost: app.test\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    // The head and the first bytes of the body in one write, then the rest, and a GET
+    // pipelined right behind it.
+    let mut first = head.into_bytes();
+    first.extend_from_slice(&body[..10]);
+    reader.get_mut().write_all(&first).await.unwrap();
+    reader.get_mut().write_all(&body[10..]).await.unwrap();
+    reader
+        .get_mut()
+        .write_all(b"GET /echo?n=3 HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .await
+        .unwrap();
+    let posted = next_response(&mut reader, false).await.json();
+    assert_eq!(posted["method"], "POST");
+    assert_eq!(posted["body_len"], 100_000);
+    assert_eq!(posted["body_fnv"], format!("{:016x}", fnv1a(&body)));
+    let after = next_response(&mut reader, false).await.json();
+    assert_eq!(after["uri"], "/echo?n=3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_asks_to_close_is_told_so_and_the_connection_closes() {
+    let (_b, proxy) = serve(&[]).await;
+    let s = raw::connect(proxy.http_port).await;
+    let mut reader = tokio::io::BufReader::new(s);
+    reader
+        .get_mut()
+        .write_all(b"GET /echo HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let r = next_response(&mut reader, false).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(r.has_header("date"), "{:?}", r.headers);
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), reader.read_to_end(&mut rest))
+        .await
+        .expect("the proxy closes the connection")
+        .unwrap();
+    assert!(rest.is_empty(), "nothing after the response: {rest:?}");
+}
