@@ -13,7 +13,7 @@ mod acme_http01;
 pub mod certificates;
 mod chunk_guard;
 mod framing;
-mod h1;
+pub mod h1;
 mod h1_timeouts;
 #[cfg(feature = "http3")]
 pub mod h3;

@@ -15,6 +15,7 @@ mod flags;
 mod gates;
 mod hosts;
 mod proxy_protocol;
+mod request_heads;
 mod rules;
 mod state;
 mod targets;

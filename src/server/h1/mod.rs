@@ -17,7 +17,7 @@
 //! every response (`response`).
 
 mod date;
-mod request;
+pub mod request;
 mod response;
 mod rewind;
 #[cfg(test)]
