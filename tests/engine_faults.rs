@@ -219,9 +219,12 @@ async fn a_container_killed_mid_request_is_a_clean_502_and_the_next_request_wake
     let in_flight = "kamal_proxy_http_in_flight_requests{service=\"app\"}";
 
     let slow = tokio::spawn(client().get(p.url("/slow?ms=30000")).send());
+    // The request first wakes the container: on a loaded machine (the suite runs the
+    // other engine-fault tests beside this one) a start and its health check can take
+    // more than 10 s.
     poll_until(
         "the slow request in flight",
-        Duration::from_secs(10),
+        Duration::from_secs(45),
         || async { (p.metric(in_flight).await == Some(1.0)).then_some(()) },
     )
     .await;
