@@ -6,7 +6,6 @@
 use http::{HeaderValue, header};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,12 +13,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::LazyConfigAcceptor;
 
 use super::certificates::{TlsResolver, offers_acme_tls, prepare};
-use super::chunk_guard::ChunkGuard;
-use super::h1_timeouts::{Noted, Phase, ResponseOver, Watchdog};
 use super::idle::{Activity, Counted};
 use super::workers::Workers;
 use super::write_deadline::{WriteDeadline, WriteTimedOut};
-use super::{Drain, FirstRequest, Proxy, Shutdown, drive_h1, handle, http1_builder, normalize};
+use super::{Drain, FirstRequest, Proxy, Shutdown, handle, http1_builder, normalize};
 use crate::proxy::body::ClientBody;
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
@@ -179,23 +176,24 @@ async fn serve_connection(
         }
         return;
     }
-    let phase = Arc::new(Phase::default());
-    let watchdog = std::pin::pin!(Watchdog::new(phase.clone(), https.proxy.limits.timeouts));
-    let io = TokioIo::new(Noted::new(ChunkGuard::new(tls), phase.clone()));
-    let shared = https.clone();
-    let seen = first.clone();
-    let service = service_fn(move |req| {
-        seen.mark();
-        phase.request();
-        let over = ResponseOver::new(&phase);
-        let https = shared.clone();
-        async move {
-            let response = respond(&https, req, conn).await;
-            Ok::<_, Infallible>(response.map(|body| Counted::new(body, over)))
-        }
-    });
-    let connection = https.http1.serve_connection(io, service).with_upgrades();
-    drive_h1(connection, watchdog, &draining, &first, conn.client).await;
+    let settings = super::h1::Settings {
+        http1: https.http1.clone(),
+        max_head: https.proxy.limits.max_header_bytes,
+        timeouts: https.proxy.limits.timeouts,
+    };
+    super::h1::serve(tls, conn, https, settings, draining).await;
+}
+
+/// An HTTPS connection's answer: the pipeline's, with `Alt-Svc` when HTTP/3 is served.
+impl super::h1::Respond for Arc<Https> {
+    fn respond(
+        &self,
+        request: http::Request<ClientBody>,
+        conn: Conn,
+    ) -> impl std::future::Future<Output = http::Response<crate::proxy::body::ResponseBody>> + Send
+    {
+        respond(self, request, conn)
+    }
 }
 
 /// One HTTP/2 connection: shut down gracefully (GOAWAY, open streams finish) on drain,
@@ -216,10 +214,11 @@ where
     let shared = https.clone();
     let seen = first.clone();
     let timeouts = https.proxy.limits.timeouts;
-    let service = service_fn(move |req| {
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         seen.mark();
         let https = shared.clone();
         let stream = counted.begin();
+        let req = req.map(ClientBody::Hyper);
         let deadline = timeouts
             .write
             .map(|limit| tokio::time::Instant::now() + limit);
@@ -271,10 +270,10 @@ where
 /// The pipeline's answer, with `Alt-Svc` when HTTP/3 is served.
 async fn respond(
     https: &Https,
-    req: http::Request<hyper::body::Incoming>,
+    req: http::Request<ClientBody>,
     conn: Conn,
 ) -> http::Response<crate::proxy::body::ResponseBody> {
-    let mut response = handle(&https.proxy, req.map(ClientBody::Hyper), conn).await;
+    let mut response = handle(&https.proxy, req, conn).await;
     if let Some(alt_svc) = &https.alt_svc {
         if !response.headers().contains_key(header::ALT_SVC) {
             response

@@ -4,7 +4,7 @@
 use http::{HeaderValue, Request, Response, header};
 use hyper_util::rt::TokioTimer;
 use std::net::SocketAddr;
-use std::pin::Pin;
+
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -39,7 +39,7 @@ use crate::proxy::rejection::{Refused, Rejection};
 use crate::router::Router;
 use crate::service::Conn;
 use crate::uri::{host_without_port, request_host};
-use h1_timeouts::Watchdog;
+
 use limits::{ConnectionSlots, Limits};
 use proxy_protocol::ProxyProtocol;
 
@@ -133,14 +133,18 @@ pub async fn serve_http(
     workers: workers::Workers,
 ) {
     let slots = proxy.slots.clone();
-    let http1 = http1_builder(&proxy.limits);
+    let settings = h1::Settings {
+        http1: http1_builder(&proxy.limits),
+        max_head: proxy.limits.max_header_bytes,
+        timeouts: proxy.limits.timeouts,
+    };
     workers
         .accept(
             listener,
             slots,
             shutdown,
             move |stream, client, draining| {
-                serve_connection(stream, client, proxy.clone(), http1.clone(), draining)
+                serve_connection(stream, client, proxy.clone(), settings.clone(), draining)
             },
         )
         .await
@@ -304,7 +308,7 @@ async fn serve_connection(
     mut stream: TcpStream,
     client: SocketAddr,
     proxy: Arc<Proxy>,
-    http1: hyper::server::conn::http1::Builder,
+    settings: h1::Settings,
     draining: Drain,
 ) {
     let Some(client) =
@@ -317,51 +321,7 @@ async fn serve_connection(
         client: normalize(client),
         tls: false,
     };
-    h1::serve(stream, conn, proxy, http1, draining).await;
-}
-
-/// Serves an HTTP/1.x connection to its end. The listener timeouts close it (see
-/// [`h1_timeouts`]); when `draining` fires, the request in flight finishes and the
-/// connection closes instead of being kept alive.
-pub(crate) async fn drive_h1<I, S, B>(
-    connection: hyper::server::conn::http1::UpgradeableConnection<I, S>,
-    mut watchdog: Pin<&mut Watchdog>,
-    draining: &Drain,
-    first: &FirstRequest,
-    client: SocketAddr,
-) where
-    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    B: hyper::body::Body + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let mut connection = std::pin::pin!(connection);
-    // A connection handed over before its first request still gets it served.
-    let drained = async {
-        draining.started_wait().await;
-        first.wait().await;
-    };
-    let mut drained = std::pin::pin!(drained);
-    let mut closing = false;
-    let result = loop {
-        tokio::select! {
-            // The watchdog right after the connection: it sees what the connection did.
-            biased;
-            r = connection.as_mut() => break r,
-            expired = watchdog.as_mut() => {
-                log_expired(expired, client);
-                return;
-            }
-            _ = drained.as_mut(), if !closing => {
-                closing = true;
-                connection.as_mut().graceful_shutdown();
-            }
-        }
-    };
-    if let Err(e) = result {
-        tracing::debug!(error = %e, "Connection error");
-    }
+    h1::serve(stream, conn, proxy, settings, draining).await;
 }
 
 /// A listener timeout closed a connection.

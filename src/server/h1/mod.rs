@@ -1,4 +1,5 @@
-//! Our own HTTP/1.x server connection for the HTTP port: it reads plain requests without a
+//! Our own HTTP/1.x server connection, for the HTTP port and HTTP/1.1 over TLS on the HTTPS
+//! port (HTTP/2 stays hyper's): it reads plain requests without a
 //! body (nearly all of a web app's traffic: GET, HEAD, ...) with `httparse` straight into
 //! the pipeline's `Request`, and writes their responses itself. The first request it does
 //! not serve (a body, an upgrade, `Expect`, a head too large or malformed) hands the
@@ -26,18 +27,21 @@ mod tests;
 use bytes::{Bytes, BytesMut};
 use std::convert::Infallible;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tokio::io::{AsyncRead, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::chunk_guard::ChunkGuard;
 use super::h1_timeouts::{Expired, Noted, Phase, ResponseOver, Watchdog};
 use super::idle::Counted;
-use super::{Drain, FirstRequest, Proxy, drive_h1, handle, log_expired};
-use crate::proxy::body::ClientBody;
+use super::limits::Timeouts;
+use super::{Drain, FirstRequest, Proxy, handle, log_expired};
+use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::service::Conn;
+use http::{Request, Response};
 use request::Parsed;
 use response::Asked;
 
@@ -51,18 +55,86 @@ thread_local! {
         std::cell::RefCell::new(vec![0; READ_SIZE].into_boxed_slice());
 }
 
+/// A client's byte stream, taken apart once per connection so that a response can be
+/// written while the connection watches for the client's close.
+pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Sized + Send + 'static {
+    type Reader: AsyncRead + Unpin + Send;
+    type Writer: AsyncWrite + Unpin + Send;
+    fn into_halves(self) -> (Self::Reader, Self::Writer);
+    fn from_halves(reader: Self::Reader, writer: Self::Writer) -> Self;
+}
+
+impl Duplex for TcpStream {
+    type Reader = tokio::net::tcp::OwnedReadHalf;
+    type Writer = tokio::net::tcp::OwnedWriteHalf;
+
+    fn into_halves(self) -> (Self::Reader, Self::Writer) {
+        self.into_split()
+    }
+
+    fn from_halves(reader: Self::Reader, writer: Self::Writer) -> Self {
+        reader
+            .reunite(writer)
+            .expect("the two halves of one connection")
+    }
+}
+
+impl Duplex for tokio_rustls::server::TlsStream<TcpStream> {
+    type Reader = tokio::io::ReadHalf<Self>;
+    type Writer = tokio::io::WriteHalf<Self>;
+
+    fn into_halves(self) -> (Self::Reader, Self::Writer) {
+        tokio::io::split(self)
+    }
+
+    fn from_halves(reader: Self::Reader, writer: Self::Writer) -> Self {
+        reader.unsplit(writer)
+    }
+}
+
+/// What a listener answers a request with: the pipeline, and for HTTPS an `Alt-Svc`.
+pub trait Respond: Clone + Send + Sync + 'static {
+    fn respond(
+        &self,
+        request: Request<ClientBody>,
+        conn: Conn,
+    ) -> impl Future<Output = Response<ResponseBody>> + Send;
+}
+
+/// The HTTP port's answer: the pipeline's.
+impl Respond for Arc<Proxy> {
+    fn respond(
+        &self,
+        request: Request<ClientBody>,
+        conn: Conn,
+    ) -> impl Future<Output = Response<ResponseBody>> + Send {
+        handle(self, request, conn)
+    }
+}
+
+/// A listener's settings for its HTTP/1 connections.
+#[derive(Clone)]
+pub struct Settings {
+    /// For the requests handed to hyper.
+    pub http1: hyper::server::conn::http1::Builder,
+    /// `--max-request-header-size`.
+    pub max_head: usize,
+    pub timeouts: Timeouts,
+}
+
 /// Serves one connection to its end.
-pub async fn serve(
-    mut stream: TcpStream,
+pub async fn serve<S: Duplex, R: Respond>(
+    stream: S,
     conn: Conn,
-    proxy: Arc<Proxy>,
-    http1: hyper::server::conn::http1::Builder,
+    respond: R,
+    settings: Settings,
     draining: Drain,
 ) {
     let first = Arc::new(FirstRequest::default());
     let phase = Arc::new(Phase::default());
-    let mut watchdog = pin!(Watchdog::new(phase.clone(), proxy.limits.timeouts));
-    let max_head = proxy.limits.max_header_bytes;
+    let mut watchdog = pin!(Watchdog::new(phase.clone(), settings.timeouts));
+    let max_head = settings.max_head;
+    let (mut reader, mut writer) = stream.into_halves();
     let mut buf = BytesMut::new();
     let closing = Closing::default();
     loop {
@@ -75,7 +147,7 @@ pub async fn serve(
             };
             tokio::select! {
                 biased;
-                r = next_head(&mut stream, &mut buf, &phase, max_head) => break r,
+                r = next_head(&mut reader, &mut buf, &phase, max_head) => break r,
                 expired = watchdog.as_mut() => {
                     log_expired(expired, conn.client);
                     return;
@@ -96,15 +168,16 @@ pub async fn serve(
             Some(_) => {
                 let prefix = std::mem::take(&mut buf).freeze();
                 let ctx = Handed {
-                    proxy,
+                    respond,
                     conn,
                     first,
                     phase,
                     draining,
                 };
+                let stream = S::from_halves(reader, writer);
                 // Boxed: hyper's connection is large, and an unboxed one would size
                 // every connection's task, idle or not.
-                return Box::pin(hand_over(stream, prefix, http1, ctx, watchdog)).await;
+                return Box::pin(hand_over(stream, prefix, settings.http1, ctx, watchdog)).await;
             }
             None => return,
         };
@@ -117,10 +190,9 @@ pub async fn serve(
         phase.request();
         let over = ResponseOver::new(&phase);
         let asked = Asked::of(&request, keep_alive);
-        let (mut reader, mut writer) = stream.split();
         // Boxed: a connection's task holds only what it needs between requests.
         let exchange = Box::pin(async {
-            let response = handle(&proxy, request, conn).await;
+            let response = respond.respond(request, conn).await;
             // As hyper: a drain begun before the head goes out says `close` in it.
             let asked = Asked {
                 keep_alive: asked.keep_alive && !closing.get(),
@@ -145,7 +217,7 @@ pub async fn serve(
         match watch(exchange, client, lifeline).await {
             Ended::Done(true) if !closing.get() => {}
             Ended::Done(_) => {
-                let _ = stream.shutdown().await;
+                let _ = writer.shutdown().await;
                 return;
             }
             Ended::Expired(expired) => {
@@ -262,7 +334,7 @@ async fn read_into(reader: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) ->
 /// Reads until `buf` holds a whole request head. `None`: the client closed or the read
 /// failed.
 async fn next_head(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + Unpin),
     buf: &mut BytesMut,
     phase: &Phase,
     max_head: usize,
@@ -283,8 +355,8 @@ async fn next_head(
 }
 
 /// What the connection carries over to hyper.
-struct Handed {
-    proxy: Arc<Proxy>,
+struct Handed<R> {
+    respond: R,
     conn: Conn,
     first: Arc<FirstRequest>,
     phase: Arc<Phase>,
@@ -292,28 +364,28 @@ struct Handed {
 }
 
 /// hyper serves the rest of the connection, starting with the bytes in `prefix`.
-async fn hand_over(
-    stream: TcpStream,
+async fn hand_over<S: Duplex, R: Respond>(
+    stream: S,
     prefix: Bytes,
     http1: hyper::server::conn::http1::Builder,
-    ctx: Handed,
+    ctx: Handed<R>,
     watchdog: Pin<&mut Watchdog>,
 ) {
     let Handed {
-        proxy,
+        respond,
         conn,
         first,
         phase,
         draining,
     } = ctx;
     let (seen, noted) = (first.clone(), phase.clone());
-    let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         seen.mark();
         noted.request();
         let over = ResponseOver::new(&noted);
-        let proxy = proxy.clone();
+        let respond = respond.clone();
         async move {
-            let response = handle(&proxy, req.map(ClientBody::Hyper), conn).await;
+            let response = respond.respond(req.map(ClientBody::Hyper), conn).await;
             Ok::<_, Infallible>(response.map(|body| Counted::new(body, over)))
         }
     });
@@ -323,4 +395,48 @@ async fn hand_over(
     ));
     let connection = http1.serve_connection(io, service).with_upgrades();
     drive_h1(connection, watchdog, &draining, &first, conn.client).await;
+}
+
+/// Serves an HTTP/1.x connection to its end. The listener timeouts close it (see
+/// [`h1_timeouts`]); when `draining` fires, the request in flight finishes and the
+/// connection closes instead of being kept alive.
+async fn drive_h1<I, S, B>(
+    connection: hyper::server::conn::http1::UpgradeableConnection<I, S>,
+    mut watchdog: Pin<&mut Watchdog>,
+    draining: &Drain,
+    first: &FirstRequest,
+    client: SocketAddr,
+) where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut connection = std::pin::pin!(connection);
+    // A connection handed over before its first request still gets it served.
+    let drained = async {
+        draining.started_wait().await;
+        first.wait().await;
+    };
+    let mut drained = std::pin::pin!(drained);
+    let mut closing = false;
+    let result = loop {
+        tokio::select! {
+            // The watchdog right after the connection: it sees what the connection did.
+            biased;
+            r = connection.as_mut() => break r,
+            expired = watchdog.as_mut() => {
+                log_expired(expired, client);
+                return;
+            }
+            _ = drained.as_mut(), if !closing => {
+                closing = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "Connection error");
+    }
 }
