@@ -71,6 +71,14 @@ static HOP_BY_HOP: [&HeaderName; 8] = [
     &header::UPGRADE,
 ];
 
+/// Whether a comma-separated field value (`Connection`) lists `token`, case-insensitively.
+/// For both legs of HTTP/1: the client's request and response, the app's response.
+pub fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
+}
+
 /// `Upgrade` type requested by the client, if this is an upgrade request.
 pub fn upgrade_type(headers: &HeaderMap) -> Option<HeaderValue> {
     let connection_upgrade = headers

@@ -1,9 +1,10 @@
 //! `run --http3`: QUIC on UDP at the HTTPS port (TLS 1.3, ALPN `h3`), the same
 //! certificate resolver and the same request pipeline.
 //!
-//! The pipeline works on hyper's `Request<Incoming>`, which only hyper's own connections
-//! can produce, so each HTTP/3 request is handed to it over an in-memory HTTP/1.1
-//! connection (a duplex pipe): the request and response bodies stream through unbuffered.
+//! The pipeline streams a request body as hyper's `Incoming` (`ClientBody`), which only
+//! hyper's own connections can produce, so each HTTP/3 request is handed to it over an
+//! in-memory HTTP/1.1 connection (a duplex pipe): the request and response bodies stream
+//! through unbuffered.
 //! That costs a little per HTTP/3 request and nothing on the HTTP/1.1 and HTTP/2 paths.
 //! A certificate must already be in memory (obtained on a TCP handshake, which is where
 //! clients learn about HTTP/3 from `Alt-Svc`).

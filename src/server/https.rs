@@ -247,12 +247,7 @@ where
         }
     };
     let mut idle = std::pin::pin!(idle);
-    // A connection handed over before its first request still gets it served.
-    let drained = async {
-        draining.started_wait().await;
-        first.wait().await;
-    };
-    let mut drained = std::pin::pin!(drained);
+    let mut drained = std::pin::pin!(draining.started_after(&first));
     let mut closing = false;
     loop {
         tokio::select! {

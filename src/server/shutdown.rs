@@ -137,6 +137,14 @@ impl Drain {
         self.0.started.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Resolves once the drain has started and `first` has come (or the wait for it ran
+    /// out): when a connection should stop taking requests. A connection handed over
+    /// before its first request still gets it served.
+    pub async fn started_after(&self, first: &FirstRequest) {
+        self.started_wait().await;
+        first.wait().await;
+    }
+
     /// Resolves once the drain has started. For one task: it keeps the waker of its first
     /// poll (a task's waker does not change), instead of taking the `Notify`'s lock again on
     /// every poll to compare it.

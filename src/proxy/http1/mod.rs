@@ -19,6 +19,7 @@ pub(crate) mod chunked;
 #[cfg(test)]
 mod tests;
 
+use super::headers::has_token;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
@@ -334,11 +335,11 @@ impl Connection {
                 framed |= name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING;
                 if name == header::CONNECTION {
                     // Once any `Connection` line asks to close, a later one cannot undo it.
-                    if close || has_token(&value, "close") {
+                    if close || has_token(value.as_bytes(), b"close") {
                         close = true;
                         keep_alive = false;
                     } else if !keep_alive {
-                        keep_alive = has_token(&value, "keep-alive");
+                        keep_alive = has_token(value.as_bytes(), b"keep-alive");
                     }
                 }
                 headers.append(name, value);
@@ -423,11 +424,4 @@ fn framing(
         Some(n) => Framing::Length(n),
         None => Framing::UntilClose,
     })
-}
-
-/// Whether a comma-separated header value holds `token` (case-insensitive).
-fn has_token(value: &HeaderValue, token: &str) -> bool {
-    value
-        .to_str()
-        .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
 }

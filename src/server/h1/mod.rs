@@ -141,10 +141,7 @@ pub async fn serve<S: Duplex, R: Respond>(
         // The next head, unless the connection closes while idle (a drain closes it at
         // once when no byte of a request has come).
         let parsed = loop {
-            let drained = async {
-                draining.started_wait().await;
-                first.wait().await;
-            };
+            let drained = draining.started_after(&first);
             tokio::select! {
                 biased;
                 r = next_head(&mut reader, &mut buf, &phase, max_head) => break r,
@@ -292,11 +289,7 @@ async fn watch<R: AsyncRead + Unpin>(
         max_head,
         phase,
     } = client;
-    let drained = async {
-        draining.started_wait().await;
-        first.wait().await;
-    };
-    let mut drained = pin!(drained);
+    let mut drained = pin!(draining.started_after(first));
     loop {
         tokio::select! {
             biased;
@@ -414,12 +407,7 @@ async fn drive_h1<I, S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut connection = std::pin::pin!(connection);
-    // A connection handed over before its first request still gets it served.
-    let drained = async {
-        draining.started_wait().await;
-        first.wait().await;
-    };
-    let mut drained = std::pin::pin!(drained);
+    let mut drained = std::pin::pin!(draining.started_after(first));
     let mut closing = false;
     let result = loop {
         tokio::select! {

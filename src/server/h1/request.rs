@@ -8,6 +8,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version, he
 use std::mem::MaybeUninit;
 
 use crate::proxy::body::ClientBody;
+use crate::proxy::headers::has_token;
 
 /// As hyper: more header fields than this is a 431, which hyper gives.
 const MAX_HEADERS: usize = 100;
@@ -140,11 +141,4 @@ fn plain(name: &[u8], value: &[u8]) -> bool {
         17 => !name.eq_ignore_ascii_case(header::TRANSFER_ENCODING.as_str().as_bytes()),
         _ => true,
     }
-}
-
-/// Whether a comma-separated field value lists `token` (case-insensitive).
-pub fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value
-        .split(|&b| b == b',')
-        .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
 }

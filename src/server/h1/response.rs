@@ -12,7 +12,7 @@ use std::task::Poll;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::date;
-use super::request::has_token;
+use crate::proxy::headers::has_token;
 
 /// What the request asked that shapes the response.
 #[derive(Clone, Copy)]
@@ -132,18 +132,14 @@ pub fn encode_head(
                     // Later values of the field, or one after a `Transfer-Encoding`: hyper
                     // writes the first only.
                     Some(_) if joined || wrote_len => {}
-                    Some(Some(known)) => {
-                        framing = Framing::Length(known);
-                        out.extend_from_slice(b"content-length: ");
-                        out.extend_from_slice(value.as_bytes());
-                        wrote_len = true;
-                        open_line = Some(name.clone());
-                    }
-                    Some(None) => {
-                        let Some(len) = std::str::from_utf8(value.as_bytes())
-                            .ok()
-                            .and_then(|v| v.trim().parse::<u64>().ok())
-                        else {
+                    Some(size) => {
+                        // The body's exact size, or (it has none) the field's own value.
+                        let declared = || {
+                            std::str::from_utf8(value.as_bytes())
+                                .ok()
+                                .and_then(|v| v.trim().parse::<u64>().ok())
+                        };
+                        let Some(len) = size.or_else(declared) else {
                             // hyper refuses to send such a head; the connection ends.
                             last = true;
                             continue;
