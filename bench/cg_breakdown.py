@@ -47,7 +47,9 @@ def self_cost(file_pattern):
     return sum(c for c, f, _ in selfc if r.search(f))
 
 
-conn_task = inclusive(r"^kamal_proxy::server::accept_loop::\{\{closure\}\}::\{\{closure\}\}$")
+# The connection's task: an async block in accept_loop, then the `Connection` future.
+conn_task = max(inclusive(r"^kamal_proxy::server::accept_loop::\{\{closure\}\}::\{\{closure\}\}$"),
+                inclusive(r"^<kamal_proxy::server::Connection<F> as core::future::future::Future>::poll$"))
 handle = inclusive(r"^kamal_proxy::server::handle::\{\{closure\}\}$")
 body_drop = inclusive(r"^core::ptr::drop_in_place<kamal_proxy::proxy::body::ResponseBody>$")
 # Our own server connection reads the response body to its end (the exchange ends there,

@@ -16,7 +16,7 @@ use super::certificates::{TlsResolver, offers_acme_tls, prepare};
 use super::idle::{Activity, Counted};
 use super::workers::Workers;
 use super::write_deadline::{WriteDeadline, WriteTimedOut};
-use super::{Drain, FirstRequest, Proxy, Shutdown, handle, http1_builder, normalize};
+use super::{Drain, FirstRequest, Proxy, Shutdown, handle, normalize};
 use crate::proxy::body::ClientBody;
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
@@ -42,7 +42,8 @@ pub struct Https {
     pub config: Arc<rustls::ServerConfig>,
     /// `Alt-Svc` advertising HTTP/3, when it is served.
     pub alt_svc: Option<HeaderValue>,
-    http1: hyper::server::conn::http1::Builder,
+    /// For its HTTP/1.1 connections.
+    h1: Arc<super::h1::Settings>,
     http2: hyper::server::conn::http2::Builder<TokioExecutor>,
     handshake_timeout: Duration,
 }
@@ -53,7 +54,7 @@ impl Https {
         config: Arc<rustls::ServerConfig>,
         alt_svc: Option<HeaderValue>,
     ) -> Arc<Https> {
-        let http1 = http1_builder(&proxy.limits);
+        let h1 = super::h1::Settings::new(&proxy.limits);
         let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         http2
             .timer(TokioTimer::new())
@@ -67,7 +68,7 @@ impl Https {
             proxy,
             config,
             alt_svc,
-            http1,
+            h1,
             http2,
             handshake_timeout,
         })
@@ -169,18 +170,14 @@ async fn serve_connection(
         client: normalize(client),
         tls: true,
     };
-    let first = Arc::new(FirstRequest::default());
     if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+        let first = Arc::new(FirstRequest::default());
         if let Err(e) = serve_h2(TokioIo::new(tls), https, conn, draining, first).await {
             tracing::debug!(error = %e, "Connection error");
         }
         return;
     }
-    let settings = super::h1::Settings {
-        http1: https.http1.clone(),
-        max_head: https.proxy.limits.max_header_bytes,
-        timeouts: https.proxy.limits.timeouts,
-    };
+    let settings = https.h1.clone();
     super::h1::serve(tls, conn, https, settings, draining).await;
 }
 

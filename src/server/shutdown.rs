@@ -79,7 +79,7 @@ impl Shutdown {
 
 /// How long a drain waits for the first request of a connection it accepted an instant
 /// before: the client has connected and is sending it.
-const FIRST_REQUEST_WAIT: Duration = Duration::from_secs(1);
+pub(super) const FIRST_REQUEST_WAIT: Duration = Duration::from_secs(1);
 
 /// Whether a connection has begun its first request. A drain that finds a connection
 /// accepted but not yet read would close it unanswered (HTTP servers close idle

@@ -38,6 +38,7 @@ use super::chunk_guard::ChunkGuard;
 use super::h1_timeouts::{Expired, Noted, Phase, ResponseOver, Watchdog};
 use super::idle::Counted;
 use super::limits::Timeouts;
+use super::shutdown::FIRST_REQUEST_WAIT;
 use super::{Drain, FirstRequest, Proxy, handle, log_expired};
 use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::service::Conn;
@@ -55,40 +56,34 @@ thread_local! {
         std::cell::RefCell::new(vec![0; READ_SIZE].into_boxed_slice());
 }
 
-/// A client's byte stream, taken apart once per connection so that a response can be
-/// written while the connection watches for the client's close.
+/// A client's byte stream, taken apart (borrowed, not shared: no allocation for a plain
+/// TCP connection) so that a response can be written while the connection watches for the
+/// client's close.
 pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Sized + Send + 'static {
-    type Reader: AsyncRead + Unpin + Send;
-    type Writer: AsyncWrite + Unpin + Send;
-    fn into_halves(self) -> (Self::Reader, Self::Writer);
-    fn from_halves(reader: Self::Reader, writer: Self::Writer) -> Self;
+    type Reader<'a>: AsyncRead + Unpin + Send
+    where
+        Self: 'a;
+    type Writer<'a>: AsyncWrite + Unpin + Send
+    where
+        Self: 'a;
+    fn halves(&mut self) -> (Self::Reader<'_>, Self::Writer<'_>);
 }
 
 impl Duplex for TcpStream {
-    type Reader = tokio::net::tcp::OwnedReadHalf;
-    type Writer = tokio::net::tcp::OwnedWriteHalf;
+    type Reader<'a> = tokio::net::tcp::ReadHalf<'a>;
+    type Writer<'a> = tokio::net::tcp::WriteHalf<'a>;
 
-    fn into_halves(self) -> (Self::Reader, Self::Writer) {
-        self.into_split()
-    }
-
-    fn from_halves(reader: Self::Reader, writer: Self::Writer) -> Self {
-        reader
-            .reunite(writer)
-            .expect("the two halves of one connection")
+    fn halves(&mut self) -> (Self::Reader<'_>, Self::Writer<'_>) {
+        self.split()
     }
 }
 
 impl Duplex for tokio_rustls::server::TlsStream<TcpStream> {
-    type Reader = tokio::io::ReadHalf<Self>;
-    type Writer = tokio::io::WriteHalf<Self>;
+    type Reader<'a> = tokio::io::ReadHalf<&'a mut Self>;
+    type Writer<'a> = tokio::io::WriteHalf<&'a mut Self>;
 
-    fn into_halves(self) -> (Self::Reader, Self::Writer) {
+    fn halves(&mut self) -> (Self::Reader<'_>, Self::Writer<'_>) {
         tokio::io::split(self)
-    }
-
-    fn from_halves(reader: Self::Reader, writer: Self::Writer) -> Self {
-        reader.unsplit(writer)
     }
 }
 
@@ -112,8 +107,7 @@ impl Respond for Arc<Proxy> {
     }
 }
 
-/// A listener's settings for its HTTP/1 connections.
-#[derive(Clone)]
+/// A listener's settings for its HTTP/1 connections, shared by all of them.
 pub struct Settings {
     /// For the requests handed to hyper.
     pub http1: hyper::server::conn::http1::Builder,
@@ -122,108 +116,199 @@ pub struct Settings {
     pub timeouts: Timeouts,
 }
 
+impl Settings {
+    pub fn new(limits: &super::limits::Limits) -> Arc<Settings> {
+        Arc::new(Settings {
+            http1: super::http1_builder(limits),
+            max_head: limits.max_header_bytes,
+            timeouts: limits.timeouts,
+        })
+    }
+}
+
 /// Serves one connection to its end.
+///
+/// Its task lives as long as the connection, idle or not, and is as large as this
+/// future: what a request needs beyond the head is boxed (the exchange) or kept out of
+/// the locals that outlive an `.await` (see `begin`).
 pub async fn serve<S: Duplex, R: Respond>(
-    stream: S,
+    mut stream: S,
     conn: Conn,
     respond: R,
-    settings: Settings,
+    settings: Arc<Settings>,
     draining: Drain,
 ) {
-    let first = Arc::new(FirstRequest::default());
     let phase = Arc::new(Phase::default());
     let mut watchdog = pin!(Watchdog::new(phase.clone(), settings.timeouts));
-    let max_head = settings.max_head;
-    let (mut reader, mut writer) = stream.into_halves();
     let mut buf = BytesMut::new();
     let closing = Closing::default();
-    loop {
-        // The next head, unless the connection closes while idle (a drain closes it at
-        // once when no byte of a request has come).
-        let parsed = loop {
-            let drained = draining.started_after(&first);
-            tokio::select! {
-                biased;
-                r = next_head(&mut reader, &mut buf, &phase, max_head) => break r,
-                expired = watchdog.as_mut() => {
+    let mut served = false;
+    {
+        let (mut reader, mut writer) = stream.halves();
+        loop {
+            let head = Head {
+                reader: &mut reader,
+                buf: &mut buf,
+                phase: &phase,
+                max_head: settings.max_head,
+            };
+            let lifeline = Lifeline {
+                watchdog: watchdog.as_mut(),
+                draining: &draining,
+                closing: &closing,
+            };
+            // Matched as a temporary: a request bound to a local would keep its room in
+            // this future across the exchange's `.await`, idle or not.
+            let exchange = match next_request(head, lifeline, served).await {
+                Next::Head(Parsed::Request {
+                    request,
+                    keep_alive,
+                }) => begin(
+                    request,
+                    keep_alive,
+                    &respond,
+                    conn,
+                    &mut writer,
+                    &closing,
+                    &phase,
+                ),
+                Next::Head(_) => break,
+                Next::Expired(expired) => {
                     log_expired(expired, conn.client);
                     return;
                 }
-                _ = drained, if !closing.get() => {
-                    if buf.is_empty() {
-                        return;
-                    }
-                    closing.set(true);
-                }
-            }
-        };
-        let (request, keep_alive) = match parsed {
-            Some(Parsed::Request {
-                request,
-                keep_alive,
-            }) => (request, keep_alive),
-            Some(_) => {
-                let prefix = std::mem::take(&mut buf).freeze();
-                let ctx = Handed {
-                    respond,
-                    conn,
-                    first,
-                    phase,
-                    draining,
-                };
-                let stream = S::from_halves(reader, writer);
-                // Boxed: hyper's connection is large, and an unboxed one would size
-                // every connection's task, idle or not.
-                return Box::pin(hand_over(stream, prefix, settings.http1, ctx, watchdog)).await;
-            }
-            None => return,
-        };
-        if buf.is_empty() {
-            // Nothing pipelined behind it: the buffer goes (the head keeps its part alive
-            // until the request is done), and the idle connection holds none.
-            buf = BytesMut::new();
-        }
-        first.mark();
-        phase.request();
-        let over = ResponseOver::new(&phase);
-        let asked = Asked::of(&request, keep_alive);
-        // Boxed: a connection's task holds only what it needs between requests.
-        let exchange = Box::pin(async {
-            let response = respond.respond(request, conn).await;
-            // As hyper: a drain begun before the head goes out says `close` in it.
-            let asked = Asked {
-                keep_alive: asked.keep_alive && !closing.get(),
-                ..asked
+                Next::Closed => return,
             };
-            let again = response::write(&mut writer, response, asked).await;
-            drop(over);
-            again
-        });
-        let client = Client {
-            reader: &mut reader,
-            buf: &mut buf,
-            max_head,
-            phase: &phase,
-        };
-        let lifeline = Lifeline {
-            watchdog: watchdog.as_mut(),
-            draining: &draining,
-            first: &first,
-            closing: &closing,
-        };
-        match watch(exchange, client, lifeline).await {
-            Ended::Done(true) if !closing.get() => {}
-            Ended::Done(_) => {
-                let _ = writer.shutdown().await;
-                return;
+            served = true;
+            if buf.is_empty() {
+                // Nothing pipelined behind it: the buffer goes (the head keeps its part
+                // alive until the request is done), and the idle connection holds none.
+                buf = BytesMut::new();
             }
-            Ended::Expired(expired) => {
-                log_expired(expired, conn.client);
-                return;
+            let client = Head {
+                reader: &mut reader,
+                buf: &mut buf,
+                phase: &phase,
+                max_head: settings.max_head,
+            };
+            let lifeline = Lifeline {
+                watchdog: watchdog.as_mut(),
+                draining: &draining,
+                closing: &closing,
+            };
+            match watch(exchange, client, lifeline).await {
+                Ended::Done(true) if !closing.get() => {}
+                Ended::Done(_) => {
+                    let _ = writer.shutdown().await;
+                    return;
+                }
+                Ended::Expired(expired) => {
+                    log_expired(expired, conn.client);
+                    return;
+                }
+                // The exchange was dropped with its task: the request is cancelled
+                // upstream and logged as the client's (499), as when hyper saw the
+                // client go.
+                Ended::ClientGone => return,
             }
-            // The exchange was dropped with its task: the request is cancelled upstream
-            // and logged as the client's (499), as when hyper saw the client go.
-            Ended::ClientGone => return,
+        }
+    }
+    // A request ours does not take: hyper serves the rest of the connection.
+    let first = Arc::new(FirstRequest::default());
+    if served {
+        first.mark();
+    }
+    let ctx = Handed {
+        respond,
+        conn,
+        first,
+        phase,
+        draining,
+    };
+    let prefix = buf.freeze();
+    // Boxed: hyper's connection is large, and an unboxed one would size every
+    // connection's task, idle or not.
+    Box::pin(hand_over(stream, prefix, &settings.http1, ctx, watchdog)).await
+}
+
+/// A request's exchange with the pipeline: its response, written. `true`: the connection
+/// may carry another request. Boxed: a connection's task holds only what it needs between
+/// requests.
+fn begin<'a, R: Respond>(
+    request: Request<ClientBody>,
+    keep_alive: bool,
+    respond: &'a R,
+    conn: Conn,
+    writer: &'a mut (impl AsyncWrite + Unpin + Send),
+    closing: &'a Closing,
+    phase: &Arc<Phase>,
+) -> Pin<Box<impl Future<Output = bool> + Send + 'a>> {
+    phase.request();
+    let over = ResponseOver::new(phase);
+    let asked = Asked::of(&request, keep_alive);
+    Box::pin(async move {
+        let response = respond.respond(request, conn).await;
+        // As hyper: a drain begun before the head goes out says `close` in it.
+        let asked = Asked {
+            keep_alive: asked.keep_alive && !closing.get(),
+            ..asked
+        };
+        let again = response::write(writer, response, asked).await;
+        drop(over);
+        again
+    })
+}
+
+// The head's variant is large, and boxing it would cost an allocation a request; `Next`
+// only passes between two calls (`serve` matches it as a temporary).
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Head(Parsed),
+    Expired(Expired),
+    /// The client closed the connection, or it was idle when a drain began.
+    Closed,
+}
+
+/// Waits for the next request head. A drain closes an idle connection at once; a
+/// connection that has served nothing yet gets [`FIRST_REQUEST_WAIT`] for its first
+/// request (the client connected an instant before the drain and is sending it).
+async fn next_request<R: AsyncRead + Unpin>(
+    head: Head<'_, R>,
+    lifeline: Lifeline<'_>,
+    served: bool,
+) -> Next {
+    let Head {
+        reader,
+        buf,
+        phase,
+        max_head,
+    } = head;
+    let Lifeline {
+        mut watchdog,
+        draining,
+        closing,
+    } = lifeline;
+    loop {
+        tokio::select! {
+            biased;
+            r = next_head(reader, buf, phase, max_head) => return r.map_or(Next::Closed, Next::Head),
+            expired = watchdog.as_mut() => return Next::Expired(expired),
+            () = draining.started_wait(), if !closing.get() => {}
+        }
+        // The drain has begun. (Not awaited inside `select!`, whose output, as large as
+        // a request, would then take room in every connection's task.)
+        closing.set(true);
+        if buf.is_empty() && served {
+            return Next::Closed;
+        }
+        if buf.is_empty() {
+            let first =
+                tokio::time::timeout(FIRST_REQUEST_WAIT, next_head(reader, buf, phase, max_head));
+            match first.await {
+                Ok(r) => return r.map_or(Next::Closed, Next::Head),
+                Err(_) if buf.is_empty() => return Next::Closed,
+                Err(_) => {}
+            }
         }
     }
 }
@@ -243,9 +328,9 @@ impl Closing {
     }
 }
 
-/// The client's side of the connection while a request is served: what it sends then
-/// (a pipelined request) is kept in `buf`, and its close ends the exchange.
-struct Client<'a, R> {
+/// The client's side of the connection: what it sends is kept in `buf` (while a request is
+/// served: a pipelined request), and its close ends the connection.
+struct Head<'a, R> {
     reader: &'a mut R,
     buf: &'a mut BytesMut,
     max_head: usize,
@@ -256,7 +341,6 @@ struct Client<'a, R> {
 struct Lifeline<'a> {
     watchdog: Pin<&'a mut Watchdog>,
     draining: &'a Drain,
-    first: &'a FirstRequest,
     closing: &'a Closing,
 }
 
@@ -273,23 +357,23 @@ enum Ended {
 /// that starts meanwhile marks the connection `closing`.
 async fn watch<R: AsyncRead + Unpin>(
     exchange: Pin<Box<impl Future<Output = bool>>>,
-    client: Client<'_, R>,
+    client: Head<'_, R>,
     lifeline: Lifeline<'_>,
 ) -> Ended {
     let mut exchange = exchange;
     let Lifeline {
         mut watchdog,
         draining,
-        first,
         closing,
     } = lifeline;
-    let Client {
+    let Head {
         reader,
         buf,
         max_head,
         phase,
     } = client;
-    let mut drained = pin!(draining.started_after(first));
+    // The connection's first request has come: the drain needs no wait for it.
+    let mut drained = pin!(draining.started_wait());
     loop {
         tokio::select! {
             biased;
@@ -360,7 +444,7 @@ struct Handed<R> {
 async fn hand_over<S: Duplex, R: Respond>(
     stream: S,
     prefix: Bytes,
-    http1: hyper::server::conn::http1::Builder,
+    http1: &hyper::server::conn::http1::Builder,
     ctx: Handed<R>,
     watchdog: Pin<&mut Watchdog>,
 ) {
