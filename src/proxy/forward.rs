@@ -50,7 +50,8 @@ pub struct UpstreamRequest<'a> {
     /// [`retry::may_try_elsewhere`] allows is handed back instead of answered.
     pub may_retry: bool,
     pub pages: Option<&'a Arc<ErrorPages>>,
-    pub client_ip: &'a str,
+    /// The client's address, as `X-Forwarded-For` gets it.
+    pub client_ip: &'a HeaderValue,
     pub tls: bool,
     /// `--request-timeout`: the response headers must arrive by then (504 otherwise).
     pub deadline: Option<tokio::time::Instant>,
@@ -243,16 +244,12 @@ impl Forwarder {
                 .authority()
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
+        // `TE` goes, except its `trailers` (one look-up when the client sent none).
         let wants_trailers = parts
             .headers
-            .get(header::TE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| {
-                v.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-            });
+            .remove(header::TE)
+            .is_some_and(|te| headers::has_token(te.as_bytes(), b"trailers"));
         headers::remove_hop_by_hop(&mut parts.headers);
-        parts.headers.remove(header::TE);
         if wants_trailers {
             parts
                 .headers

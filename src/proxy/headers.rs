@@ -99,7 +99,8 @@ pub fn is_websocket(headers: &HeaderMap) -> bool {
 }
 
 pub struct ForwardedFor<'a> {
-    pub client_ip: &'a str,
+    /// The client's address, from [`ip_value`].
+    pub client_ip: &'a HeaderValue,
     pub host: Option<&'a HeaderValue>,
     pub tls: bool,
     /// `--forward-headers`: trust and extend what the client sent.
@@ -109,15 +110,12 @@ pub struct ForwardedFor<'a> {
 /// Sets `X-Forwarded-For/-Host/-Proto` on the outbound headers (which still hold the
 /// client's values) following upstream's rules.
 pub fn set_forwarded(headers: &mut HeaderMap, f: &ForwardedFor<'_>) {
+    use http::header::Entry;
     headers.remove(&FORWARDED);
     if !f.trust_client {
         // Nothing the client sent is kept, and `insert` replaces every prior value: no
         // need to read or remove them first.
-        if let Ok(v) = HeaderValue::from_str(f.client_ip) {
-            headers.insert(&X_FORWARDED_FOR, v);
-        } else {
-            headers.remove(&X_FORWARDED_FOR);
-        }
+        headers.insert(&X_FORWARDED_FOR, f.client_ip.clone());
         match f.host {
             Some(h) => headers.insert(&X_FORWARDED_HOST, h.clone()),
             None => headers.remove(&X_FORWARDED_HOST),
@@ -125,43 +123,78 @@ pub fn set_forwarded(headers: &mut HeaderMap, f: &ForwardedFor<'_>) {
         headers.insert(&X_FORWARDED_PROTO, proto_value(f.tls));
         return;
     }
-    let prior_for: Vec<HeaderValue> = headers.get_all(&X_FORWARDED_FOR).iter().cloned().collect();
-    let prior_host = headers
-        .get(&X_FORWARDED_HOST)
-        .filter(|v| !v.is_empty())
-        .cloned();
-    let prior_proto = headers
-        .get(&X_FORWARDED_PROTO)
-        .filter(|v| !v.is_empty())
-        .cloned();
-    headers.remove(&X_FORWARDED_FOR);
-    headers.remove(&X_FORWARDED_HOST);
-    headers.remove(&X_FORWARDED_PROTO);
-
-    let xff = if prior_for.is_empty() {
-        HeaderValue::from_str(f.client_ip).ok()
-    } else {
-        let mut joined = Vec::new();
-        for v in &prior_for {
-            if !joined.is_empty() {
-                joined.extend_from_slice(b", ");
-            }
-            joined.extend_from_slice(v.as_bytes());
+    // One look-up per header (an entry), where reading, removing and inserting each
+    // cost three.
+    match headers.entry(&X_FORWARDED_FOR) {
+        Entry::Vacant(slot) => {
+            slot.insert(f.client_ip.clone());
         }
-        joined.extend_from_slice(b", ");
-        joined.extend_from_slice(f.client_ip.as_bytes());
-        HeaderValue::from_bytes(&joined).ok()
-    };
-    if let Some(v) = xff {
-        headers.insert(&X_FORWARDED_FOR, v);
+        Entry::Occupied(mut prior) => {
+            let mut joined = Vec::new();
+            for v in prior.iter() {
+                if !joined.is_empty() {
+                    joined.extend_from_slice(b", ");
+                }
+                joined.extend_from_slice(v.as_bytes());
+            }
+            joined.extend_from_slice(b", ");
+            joined.extend_from_slice(f.client_ip.as_bytes());
+            match HeaderValue::from_bytes(&joined) {
+                // `insert` replaces every prior value.
+                Ok(v) => drop(prior.insert(v)),
+                Err(_) => drop(prior.remove_entry_mult()),
+            }
+        }
     }
-    if let Some(h) = prior_host.or_else(|| f.host.cloned()) {
-        headers.insert(&X_FORWARDED_HOST, h);
+    keep_first_or(headers, &X_FORWARDED_HOST, || f.host.cloned());
+    keep_first_or(headers, &X_FORWARDED_PROTO, || Some(proto_value(f.tls)));
+}
+
+/// Keeps the first value of a header the client sent when it is not empty (any others
+/// go), else sets `fallback`, or removes the header when there is none.
+fn keep_first_or(
+    headers: &mut HeaderMap,
+    name: &HeaderName,
+    fallback: impl FnOnce() -> Option<HeaderValue>,
+) {
+    use http::header::Entry;
+    match headers.entry(name) {
+        Entry::Occupied(mut prior) if !prior.get().is_empty() => {
+            if prior.iter().nth(1).is_some() {
+                let first = prior.get().clone();
+                prior.insert(first);
+            }
+        }
+        Entry::Occupied(mut prior) => match fallback() {
+            Some(v) => drop(prior.insert(v)),
+            None => drop(prior.remove_entry_mult()),
+        },
+        Entry::Vacant(slot) => {
+            if let Some(v) = fallback() {
+                slot.insert(v);
+            }
+        }
     }
-    headers.insert(
-        &X_FORWARDED_PROTO,
-        prior_proto.unwrap_or_else(|| proto_value(f.tls)),
-    );
+}
+
+/// The client's address as an `X-Forwarded-For` value. The last one made on this thread
+/// is kept: the requests of a keep-alive connection repeat it (as do those of clients
+/// behind one proxy or CDN), and a clone is a reference count where formatting the
+/// address and allocating its value cost about 600 instructions a request.
+pub fn ip_value(ip: std::net::IpAddr) -> HeaderValue {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(std::net::IpAddr, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((at, value)) if *at == ip => value.clone(),
+        _ => {
+            let value = HeaderValue::from_str(IpText::new(ip).as_str())
+                .expect("an IP address is a valid header value");
+            *last = Some((ip, value.clone()));
+            value
+        }
+    })
 }
 
 fn proto_value(tls: bool) -> HeaderValue {
@@ -234,7 +267,7 @@ mod tests {
         h.insert(&X_FORWARDED_PROTO, hv("https"));
         let mut untrusted = h.clone();
         let f = ForwardedFor {
-            client_ip: "10.0.0.1",
+            client_ip: &hv("10.0.0.1"),
             host: Some(&host),
             tls: false,
             trust_client: false,
@@ -251,6 +284,51 @@ mod tests {
         assert_eq!(h[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
         assert_eq!(h[&X_FORWARDED_PROTO], "https");
         assert_eq!(h[&X_FORWARDED_HOST], "example.com:8080");
+    }
+
+    #[test]
+    fn trusted_forwarded_headers_with_several_or_empty_values() {
+        let client = ip_value("10.0.0.1".parse().unwrap());
+        let host = hv("example.com");
+        let f = ForwardedFor {
+            client_ip: &client,
+            host: Some(&host),
+            tls: true,
+            trust_client: true,
+        };
+        let mut h = HeaderMap::new();
+        h.append(&X_FORWARDED_FOR, hv("1.1.1.1"));
+        h.append(&X_FORWARDED_FOR, hv("2.2.2.2"));
+        h.append(&X_FORWARDED_HOST, hv("first.example"));
+        h.append(&X_FORWARDED_HOST, hv("second.example"));
+        h.append(&X_FORWARDED_PROTO, hv(""));
+        h.append(&X_FORWARDED_PROTO, hv("http"));
+        h.insert(&FORWARDED, hv("for=3.3.3.3"));
+        set_forwarded(&mut h, &f);
+        let all = |h: &HeaderMap, n: &HeaderName| -> Vec<String> {
+            h.get_all(n)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(all(&h, &X_FORWARDED_FOR), ["1.1.1.1, 2.2.2.2, 10.0.0.1"]);
+        assert_eq!(all(&h, &X_FORWARDED_HOST), ["first.example"]);
+        // An empty first value counts as absent: the proxy's own goes on.
+        assert_eq!(all(&h, &X_FORWARDED_PROTO), ["https"]);
+        assert!(h.get(&FORWARDED).is_none());
+
+        let mut h = HeaderMap::new();
+        h.append(&X_FORWARDED_HOST, hv(""));
+        set_forwarded(&mut h, &ForwardedFor { host: None, ..f });
+        assert_eq!(all(&h, &X_FORWARDED_FOR), ["10.0.0.1"]);
+        assert!(h.get(&X_FORWARDED_HOST).is_none());
+    }
+
+    #[test]
+    fn ip_values_follow_the_address() {
+        for ip in ["127.0.0.1", "10.1.2.3", "2001:db8::1", "127.0.0.1"] {
+            assert_eq!(ip_value(ip.parse().unwrap()), ip);
+        }
     }
 
     #[test]

@@ -57,7 +57,7 @@ impl Service {
             .upstream
             .retry
             .map(|policy| Tries::new(policy, placed.deadline));
-        let client_ip = crate::proxy::headers::IpText::new(conn.client.ip());
+        let client_ip = crate::proxy::headers::ip_value(conn.client.ip());
         self.wait_for_a_starting_pin(&req, config, placed.deadline)
             .await;
         let mut first = true;
@@ -107,7 +107,7 @@ impl Service {
                 response_timeout: placed.response_timeout,
                 may_retry,
                 pages: config.pages.as_ref(),
-                client_ip: client_ip.as_str(),
+                client_ip: &client_ip,
                 tls: conn.tls,
                 deadline: placed.deadline,
                 service: &self.name,
