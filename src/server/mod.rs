@@ -416,25 +416,32 @@ pub async fn handle(
 /// The request's id: the client's, or a fresh UUIDv4 set on the request. Returned as a
 /// header value, which shares its bytes instead of copying them for the log.
 fn ensure_request_id(req: &mut Request<ClientBody>) -> HeaderValue {
-    if let Some(id) = req.headers().get(&X_REQUEST_ID).filter(|v| !v.is_empty()) {
-        return id.clone();
-    }
+    // One look-up (an entry) whether the client sent one or not.
+    let slot = match req.headers_mut().entry(&X_REQUEST_ID) {
+        http::header::Entry::Occupied(id) if !id.get().is_empty() => return id.get().clone(),
+        slot => slot,
+    };
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
     let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
     let id = HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(id.as_bytes()))
         .unwrap_or(HeaderValue::from_static(""));
-    req.headers_mut().insert(&X_REQUEST_ID, id.clone());
+    set(slot, id.clone());
     id
 }
 
-fn ensure_request_start(req: &mut Request<ClientBody>) {
-    if req
-        .headers()
-        .get(&X_REQUEST_START)
-        .is_some_and(|v| !v.is_empty())
-    {
-        return;
+/// Sets an entry's value, replacing any it had.
+fn set(slot: http::header::Entry<'_, HeaderValue>, value: HeaderValue) {
+    match slot {
+        http::header::Entry::Occupied(mut old) => drop(old.insert(value)),
+        http::header::Entry::Vacant(slot) => drop(slot.insert(value)),
     }
+}
+
+fn ensure_request_start(req: &mut Request<ClientBody>) {
+    let slot = match req.headers_mut().entry(&X_REQUEST_START) {
+        http::header::Entry::Occupied(start) if !start.get().is_empty() => return,
+        slot => slot,
+    };
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -448,7 +455,7 @@ fn ensure_request_start(req: &mut Request<ClientBody>) {
         }
         value.clone()
     });
-    req.headers_mut().insert(&X_REQUEST_START, value);
+    set(slot, value);
 }
 
 thread_local! {

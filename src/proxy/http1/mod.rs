@@ -21,7 +21,7 @@ mod tests;
 
 use super::headers::has_token;
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Version};
 use std::fmt;
 use std::io;
@@ -328,7 +328,7 @@ impl Connection {
             let mut framed = false;
             for &[ns, ne, vs, ve] in &self.spans {
                 let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
-                let name = HeaderName::from_bytes(&head[ns..ne]).map_err(|_| invalid())?;
+                let name = super::headers::name_from_wire(&head[ns..ne]).map_err(|_| invalid())?;
                 // SAFETY: httparse accepted these bytes as a field value, and its set
                 // (HTAB, SP through `~`, 0x80 and above) is the one `HeaderValue` allows.
                 let value = unsafe { HeaderValue::from_maybe_shared_unchecked(head.slice(vs..ve)) };

@@ -4,7 +4,7 @@
 //! it exactly as it would have (400, 413, 414, 431, ...).
 
 use bytes::BytesMut;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version, header};
+use http::{HeaderMap, HeaderValue, Method, Request, Uri, Version, header};
 use std::mem::MaybeUninit;
 
 use crate::proxy::body::ClientBody;
@@ -109,7 +109,7 @@ pub fn parse(buf: &mut BytesMut, max_head: usize) -> Parsed {
     for span in &spans[..count] {
         // SAFETY: the loop above wrote the first `count` spans.
         let [ns, ne, vs, ve] = unsafe { span.assume_init() }.map(|o| o as usize);
-        let Ok(name) = HeaderName::from_bytes(&head[ns..ne]) else {
+        let Ok(name) = crate::proxy::headers::name_from_wire(&head[ns..ne]) else {
             return give_back(buf);
         };
         // SAFETY: httparse accepted these bytes as a field value, and its set (HTAB, SP
