@@ -6,6 +6,7 @@ pub mod buffer;
 pub mod cookies;
 pub mod exchange;
 pub mod forward;
+pub mod header_maps;
 pub mod headers;
 mod http1;
 mod keep_alive;

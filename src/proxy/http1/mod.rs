@@ -322,7 +322,7 @@ impl Connection {
                     .push([name, name + name_len, value, value + value_len]);
             }
             let head = self.buf.split_to(len).freeze();
-            let mut headers = HeaderMap::with_capacity(self.spans.len());
+            let mut headers = super::header_maps::with_capacity(self.spans.len());
             let mut keep_alive = version == Version::HTTP_11;
             let mut close = false;
             let mut framed = false;

@@ -191,6 +191,8 @@ impl Pools {
                         && head.request_bytes <= KEEP_HEAD_LIMIT
                         && head.bytes <= KEEP_HEAD_LIMIT;
                     let response = own::body::response(head, conn);
+                    // Its head is out, and a request answered is not sent again.
+                    super::header_maps::recycle(req.into_parts().0.headers);
                     return Ok(response.map(UpstreamBody::Own));
                 }
                 // Not a byte of it was written: the reused connection was closing.

@@ -4,7 +4,7 @@
 //! it exactly as it would have (400, 413, 414, 431, ...).
 
 use bytes::BytesMut;
-use http::{HeaderMap, HeaderValue, Method, Request, Uri, Version, header};
+use http::{HeaderValue, Method, Request, Uri, Version, header};
 use std::mem::MaybeUninit;
 
 use crate::proxy::body::ClientBody;
@@ -105,7 +105,7 @@ pub fn parse(buf: &mut BytesMut, max_head: usize) -> Parsed {
     };
     // Room for the fields the pipeline adds (`X-Request-Id`, `X-Request-Start`, three
     // `X-Forwarded-*`, `X-Kamal-Target`): a map that grows rehashes every name.
-    let mut headers = HeaderMap::with_capacity(count + ADDED_FIELDS);
+    let mut headers = crate::proxy::header_maps::with_capacity(count + ADDED_FIELDS);
     for span in &spans[..count] {
         // SAFETY: the loop above wrote the first `count` spans.
         let [ns, ne, vs, ve] = unsafe { span.assume_init() }.map(|o| o as usize);

@@ -49,12 +49,11 @@ pub fn encode_head(
     status: StatusCode,
     version: Version,
     reason: Option<&[u8]>,
-    headers: HeaderMap,
+    headers: &mut HeaderMap,
     body: Option<Option<u64>>,
     asked: Asked,
     out: &mut Vec<u8>,
 ) -> (Framing, bool) {
-    let mut headers = headers;
     let mut keep_alive = asked.keep_alive;
     let mut version = version;
     let mut add_keep_alive = false;
@@ -116,7 +115,8 @@ pub fn encode_head(
         }
     };
     let mut current: Option<header::HeaderName> = None;
-    for (name, value) in headers {
+    // Drained: the map keeps its room, for `header_maps`.
+    for (name, value) in headers.drain() {
         if let Some(name) = name {
             close_line(out, &mut open_line, must_add_chunked);
             must_add_chunked = false;
@@ -262,7 +262,7 @@ where
     B: Body<Data = Bytes>,
     W: AsyncWrite + Unpin,
 {
-    let (parts, body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
     let mut body = pin!(body);
     let size = (!body.is_end_stream()).then(|| body.size_hint().exact());
     let reason = parts
@@ -274,11 +274,12 @@ where
         parts.status,
         parts.version,
         reason,
-        parts.headers,
+        &mut parts.headers,
         size,
         asked,
         &mut out,
     );
+    crate::proxy::header_maps::recycle(parts.headers);
     if framing == Framing::Length(0) || size.is_none() {
         // Nothing of the body goes out (HEAD, 204, 304, or it is empty): it is left
         // unread, as hyper leaves it.
