@@ -291,3 +291,77 @@ async fn a_large_body_goes_out_whole() {
         assert_eq!(masked_date(ours), theirs);
     }
 }
+
+/// Answers every request with `ok`.
+#[derive(Clone)]
+struct Ok200;
+
+impl super::Respond for Ok200 {
+    async fn respond(
+        &self,
+        _request: http::Request<crate::proxy::body::ClientBody>,
+        _conn: crate::service::Conn,
+    ) -> Response<crate::proxy::body::ResponseBody> {
+        Response::new(crate::proxy::body::ResponseBody::full("ok"))
+    }
+}
+
+/// A connection served by ours on a real socket, and its client's end.
+async fn served(
+    drain: &crate::server::Drain,
+) -> (tokio::net::TcpStream, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (stream, peer) = listener.accept().await.unwrap();
+    let settings = std::sync::Arc::new(super::Settings {
+        http1: hyper::server::conn::http1::Builder::new(),
+        max_head: 64 * 1024,
+        timeouts: crate::server::limits::Timeouts {
+            read_header: None,
+            read: None,
+            write: None,
+            idle: None,
+        },
+    });
+    let conn = crate::service::Conn {
+        client: peer,
+        tls: false,
+    };
+    let serving = tokio::spawn(super::serve(stream, conn, Ok200, settings, drain.clone()));
+    (client, serving)
+}
+
+const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n";
+
+#[tokio::test]
+async fn a_drain_closes_an_idle_connection_and_serves_a_first_request_on_its_way() {
+    // Served once, idle when the drain begins: closed at once.
+    let drain = crate::server::Drain::default();
+    let (mut client, serving) = served(&drain).await;
+    client.write_all(GET).await.unwrap();
+    let mut answer = vec![0; 1024];
+    let n = client.read(&mut answer).await.unwrap();
+    assert!(answer[..n].starts_with(b"HTTP/1.1 200 OK\r\n"));
+    drain.start();
+    // A guard against a hang, not a measure of speed: the close comes at once.
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(30), serving).await;
+    closed.expect("the connection closed").unwrap();
+    assert_eq!(client.read(&mut answer).await.unwrap(), 0, "closed");
+
+    // Accepted an instant before the drain, its request not sent yet: the request is
+    // answered (saying `close`), then the connection closes.
+    let drain = crate::server::Drain::default();
+    let (mut client, serving) = served(&drain).await;
+    drain.start();
+    tokio::task::yield_now().await;
+    client.write_all(GET).await.unwrap();
+    let mut out = Vec::new();
+    client.read_to_end(&mut out).await.unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    assert!(out.contains("connection: close\r\n"), "{out}");
+    assert!(out.ends_with("\r\n\r\nok"), "{out}");
+    serving.await.unwrap();
+}
