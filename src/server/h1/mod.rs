@@ -145,21 +145,21 @@ pub async fn serve<S: Duplex, R: Respond>(
     let mut served = false;
     {
         let (mut reader, mut writer) = stream.halves();
+        let mut head = Head {
+            reader: &mut reader,
+            buf: &mut buf,
+            phase: &phase,
+            max_head: settings.max_head,
+        };
+        let mut lifeline = Lifeline {
+            watchdog: watchdog.as_mut(),
+            draining: &draining,
+            closing: &closing,
+        };
         loop {
-            let head = Head {
-                reader: &mut reader,
-                buf: &mut buf,
-                phase: &phase,
-                max_head: settings.max_head,
-            };
-            let lifeline = Lifeline {
-                watchdog: watchdog.as_mut(),
-                draining: &draining,
-                closing: &closing,
-            };
             // Matched as a temporary: a request bound to a local would keep its room in
             // this future across the exchange's `.await`, idle or not.
-            let exchange = match next_request(head, lifeline, served).await {
+            let exchange = match next_request(&mut head, &mut lifeline, served).await {
                 Next::Head(Parsed::Request {
                     request,
                     keep_alive,
@@ -180,23 +180,12 @@ pub async fn serve<S: Duplex, R: Respond>(
                 Next::Closed => return,
             };
             served = true;
-            if buf.is_empty() {
+            if head.buf.is_empty() {
                 // Nothing pipelined behind it: the buffer goes (the head keeps its part
                 // alive until the request is done), and the idle connection holds none.
-                buf = BytesMut::new();
+                *head.buf = BytesMut::new();
             }
-            let client = Head {
-                reader: &mut reader,
-                buf: &mut buf,
-                phase: &phase,
-                max_head: settings.max_head,
-            };
-            let lifeline = Lifeline {
-                watchdog: watchdog.as_mut(),
-                draining: &draining,
-                closing: &closing,
-            };
-            match watch(exchange, client, lifeline).await {
+            match watch(exchange, &mut head, &mut lifeline).await {
                 Ended::Done(true) if !closing.get() => {}
                 Ended::Done(_) => {
                     let _ = writer.shutdown().await;
@@ -273,8 +262,8 @@ enum Next {
 /// connection that has served nothing yet gets [`FIRST_REQUEST_WAIT`] for its first
 /// request (the client connected an instant before the drain and is sending it).
 async fn next_request<R: AsyncRead + Unpin>(
-    head: Head<'_, R>,
-    lifeline: Lifeline<'_>,
+    head: &mut Head<'_, R>,
+    lifeline: &mut Lifeline<'_>,
     served: bool,
 ) -> Next {
     let Head {
@@ -283,8 +272,9 @@ async fn next_request<R: AsyncRead + Unpin>(
         phase,
         max_head,
     } = head;
+    let (phase, max_head) = (*phase, *max_head);
     let Lifeline {
-        mut watchdog,
+        watchdog,
         draining,
         closing,
     } = lifeline;
@@ -357,12 +347,12 @@ enum Ended {
 /// that starts meanwhile marks the connection `closing`.
 async fn watch<R: AsyncRead + Unpin>(
     exchange: Pin<Box<impl Future<Output = bool>>>,
-    client: Head<'_, R>,
-    lifeline: Lifeline<'_>,
+    client: &mut Head<'_, R>,
+    lifeline: &mut Lifeline<'_>,
 ) -> Ended {
     let mut exchange = exchange;
     let Lifeline {
-        mut watchdog,
+        watchdog,
         draining,
         closing,
     } = lifeline;
@@ -372,6 +362,7 @@ async fn watch<R: AsyncRead + Unpin>(
         max_head,
         phase,
     } = client;
+    let (phase, max_head) = (*phase, *max_head);
     // The connection's first request has come: the drain needs no wait for it.
     let mut drained = pin!(draining.started_wait());
     loop {
