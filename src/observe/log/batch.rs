@@ -17,20 +17,21 @@
 use std::cell::RefCell;
 use std::io::Write;
 use std::sync::OnceLock;
-use tracing_appender::non_blocking::NonBlocking;
+
+use super::sink::Sink;
 
 /// A worker hands its lines over once they fill this much, even while busy.
-const BATCH_BYTES: usize = 16 * 1024;
+const BATCH_BYTES: usize = 64 * 1024;
 
 /// The longest a listener worker's line waits in its batch (nginx's buffered access log
 /// waits up to its `flush=` time, commonly 1 s or more).
 pub const WORKER_FLUSH_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// The writer thread's channel; unset in programs that never called `log::init` (the
-/// lines then go straight to stdout).
-static SINK: OnceLock<NonBlocking> = OnceLock::new();
+/// The writer thread; unset in programs that never called `log::init` (the lines then go
+/// straight to stdout).
+static SINK: OnceLock<Sink> = OnceLock::new();
 
-pub(super) fn set_sink(sink: NonBlocking) {
+pub(super) fn set_sink(sink: Sink) {
     let _ = SINK.set(sink);
 }
 
@@ -44,10 +45,7 @@ struct Pending {
 
 impl Pending {
     fn hand_over(&mut self) {
-        if !self.buf.is_empty() {
-            send(self.buf.as_bytes());
-            self.buf.clear();
-        }
+        send(&mut self.buf);
     }
 }
 
@@ -63,16 +61,14 @@ thread_local! {
     };
 }
 
-fn send(bytes: &[u8]) {
-    match SINK.get() {
-        // `NonBlocking` copies the bytes into one message for the writer thread.
-        Some(sink) => {
-            let _ = sink.clone().write_all(bytes);
-        }
-        None => {
-            let _ = std::io::stdout().lock().write_all(bytes);
-        }
+/// Hands `lines` to the writer thread (by value: `lines` is left empty, with a written
+/// buffer's room), or, with no writer running, writes them to stdout here.
+fn send(lines: &mut String) {
+    if lines.is_empty() || SINK.get().is_some_and(|sink| sink.send(lines)) {
+        return;
     }
+    let _ = std::io::stdout().lock().write_all(lines.as_bytes());
+    lines.clear();
 }
 
 /// Appends one complete line (ending in `\n`), written by `write`, to this thread's batch.
@@ -95,7 +91,7 @@ pub fn write_line(write: impl FnOnce(&mut String)) {
         if let Some(w) = write.take() {
             let mut line = String::new();
             w(&mut line);
-            send(line.as_bytes());
+            send(&mut line);
         }
     }
 }
@@ -160,15 +156,27 @@ pub fn thread_stopping() {
     });
 }
 
-/// The writer the `tracing` subscriber uses: the writer thread's channel, after this
-/// thread's pending lines, so they stay in order.
-pub(super) struct InOrder(pub(super) NonBlocking);
+/// The writer the `tracing` subscriber uses: an event's line goes to the writer thread at
+/// once, behind this thread's pending lines, so they stay in order.
+pub(super) struct InOrder;
 
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for InOrder {
-    type Writer = NonBlocking;
+    type Writer = InOrder;
 
-    fn make_writer(&'a self) -> NonBlocking {
+    fn make_writer(&'a self) -> InOrder {
+        InOrder
+    }
+}
+
+impl Write for InOrder {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(bytes);
+        write_line(|out| out.push_str(&text));
         flush_thread();
-        self.0.clone()
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

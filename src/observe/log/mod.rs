@@ -43,12 +43,14 @@
 //! The fragment must be a comma-separated list of `"key":value` members with
 //! no leading or trailing comma; an empty fragment is skipped.
 
-/// Lines the log writer thread may fall behind by before loggers wait.
-const LOG_QUEUE_LINES: usize = 8192;
+/// Bytes of lines the log writer thread may fall behind by before loggers wait (about
+/// 8,000 access lines).
+const LOG_QUEUE_BYTES: usize = 4 << 20;
 
 mod batch;
 mod event;
 mod json;
+mod sink;
 mod time;
 
 pub use batch::{
@@ -58,8 +60,9 @@ pub use event::SlogJson;
 pub use json::{json_escape_bytes_into, json_escape_into, json_string_list_member};
 pub use time::{push_rfc3339_nano_utc, rfc3339_nano_utc};
 
+pub use sink::Guard;
+
 use tracing::{Level, Subscriber};
-use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Builds the subscriber [`init`] installs, over any writer (tests use an
@@ -81,39 +84,33 @@ where
 /// Installs the global subscriber: slog-style JSON lines on stdout, at INFO
 /// (DEBUG when `debug`).
 ///
-/// Lines are handed to a dedicated writer thread (`tracing_appender`'s
-/// non-blocking writer) so request-handling threads never wait on the stdout
-/// lock or a slow pipe. It is built with `lossy(false)`: when its queue is
-/// full, logging threads wait (back-pressure) rather than silently dropping
-/// access-log lines.
+/// Lines are handed to a dedicated writer thread (`sink`) so request-handling threads
+/// never wait on the stdout lock or a slow pipe. Nothing is dropped: when the writer
+/// falls [`LOG_QUEUE_BYTES`] behind, logging threads wait (back-pressure).
 ///
 /// Keep the returned guard alive for the life of the process (e.g. bind it in
-/// `main`); dropping it flushes the queued lines. `std::process::exit` skips
+/// `main`); dropping it writes the queued lines. `std::process::exit` skips
 /// destructors, so drop the guard before calling it. If a global subscriber
 /// was already installed (a second call), the existing one stays in place.
-pub fn init(debug: bool) -> WorkerGuard {
-    let (writer, guard) = NonBlockingBuilder::default()
-        .lossy(false)
-        // The queue is allocated up front: the default 128,000 lines cost 4 MiB of
-        // resident memory for nothing. 8,192 lines absorb any burst a writer thread
-        // draining to a pipe falls behind by.
-        .buffered_lines_limit(LOG_QUEUE_LINES)
-        .thread_name("kamal-proxy-log")
-        // The writer thread drains every queued line, then flushes: behind a BufWriter
-        // a burst of lines costs one write(2) instead of one per line (stdout alone is
-        // line-buffered), and a lone line is still written at once.
-        .finish(std::io::BufWriter::with_capacity(
-            64 * 1024,
-            std::io::stdout(),
-        ));
-    // Access lines are batched per thread (see `batch`) and reach the same writer thread;
-    // other events first push out their thread's batch, so each thread's lines keep
-    // their order.
-    batch::set_sink(writer.clone());
+/// `None`: the writer thread could not start, and lines are written to stdout by the
+/// threads that log them.
+pub fn init(debug: bool) -> Option<Guard> {
+    let guard = match sink::Sink::new(std::io::stdout(), LOG_QUEUE_BYTES, "kamal-proxy-log") {
+        // Access lines are batched per thread (see `batch`) and reach the writer thread;
+        // other events first push out their thread's batch, so each thread's lines keep
+        // their order.
+        Ok((sink, guard)) => {
+            batch::set_sink(sink);
+            Some(guard)
+        }
+        Err(e) => {
+            eprintln!("kamal-proxy: no log writer thread ({e}); logging from each thread");
+            None
+        }
+    };
     // Ignoring the error keeps the first subscriber; the new writer thread
     // then simply idles until the guard is dropped.
-    let _ =
-        tracing::subscriber::set_global_default(build_subscriber(debug, batch::InOrder(writer)));
+    let _ = tracing::subscriber::set_global_default(build_subscriber(debug, batch::InOrder));
     guard
 }
 

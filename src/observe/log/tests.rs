@@ -567,16 +567,37 @@ fn subscriber_level_filter() {
     }
 }
 
+/// Each event handed to a [`sink::Sink`] as its own batch.
+#[derive(Clone)]
+struct ToSink(sink::Sink);
+
+impl io::Write for ToSink {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let mut line = String::from_utf8(data.to_vec()).unwrap();
+        assert!(self.0.send(&mut line), "the writer stopped early");
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for ToSink {
+    type Writer = ToSink;
+
+    fn make_writer(&'a self) -> ToSink {
+        self.clone()
+    }
+}
+
 #[test]
-fn non_blocking_writer_delivers_all_lines_on_guard_drop() {
-    // Same construction as `init`, over a buffer instead of stdout, with
-    // a tiny queue so that back-pressure (lossy=false) is exercised.
+fn the_writer_thread_delivers_every_line_in_order_by_the_guards_drop() {
+    // As `init` builds it, over a buffer instead of stdout, with a queue of a few bytes so
+    // that nearly every line waits for room (back-pressure, nothing dropped).
     let buf = Buf::default();
-    let (writer, guard) = NonBlockingBuilder::default()
-        .lossy(false)
-        .buffered_lines_limit(4)
-        .finish(buf.clone());
-    tracing::subscriber::with_default(build_subscriber(false, writer), || {
+    let (sink, guard) = sink::Sink::new(buf.clone(), 4, "test-log").unwrap();
+    tracing::subscriber::with_default(build_subscriber(false, ToSink(sink)), || {
         for i in 0..500 {
             tracing::info!(i, "line");
         }
