@@ -80,7 +80,7 @@ impl SpillBuffer {
             Some(mut f) => {
                 f.flush().await.map_err(BufferError::Io)?;
                 f.rewind().await.map_err(BufferError::Io)?;
-                Some(ReaderStream::with_capacity(f, 32 * 1024))
+                Some(Box::new(ReaderStream::with_capacity(f, 32 * 1024)))
             }
             None => None,
         };
@@ -95,7 +95,9 @@ impl SpillBuffer {
 /// Replays a buffered body: the memory part, then the spilled file.
 pub struct BufferedBody {
     memory: VecDeque<Bytes>,
-    file: Option<ReaderStream<tokio::fs::File>>,
+    /// Boxed: the file's reader is 144 bytes, and every request and response body (an
+    /// enum with this as a variant) would carry that room through each future it passes.
+    file: Option<Box<ReaderStream<tokio::fs::File>>>,
     remaining: u64,
 }
 

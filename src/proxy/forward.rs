@@ -161,333 +161,344 @@ impl Forwarder {
     /// Sends `req`; when a reused connection died under it before it was answered and
     /// [`retry`]'s rule allows, sends it once more on a new connection. (Only a bodiless
     /// request can go again, and the pool hands such a request back with its failure.)
-    async fn send(
-        &self,
-        pools: &Pools,
+    /// Not an `async fn`, for the size of its future (see `Pools::send`).
+    #[allow(clippy::manual_async_fn)]
+    fn send<'a>(
+        &'a self,
+        pools: &'a Pools,
         reuse: Reuse,
         req: Request<RequestBody>,
         checked_out: Option<tokio::sync::oneshot::Sender<()>>,
-        target: &str,
-    ) -> Result<Response<UpstreamBody>, SendError> {
-        let mut failed = match pools.send(req, reuse, checked_out).await {
-            Ok(r) => return Ok(r),
-            Err(e) => e,
-        };
-        let again = failed
-            .take_request()
-            .filter(|req| retry::resend_allowed(&failed, req));
-        let e: BoxError = failed.into();
-        let Some(again) = again else {
-            return Err(SendError {
-                error: e,
-                resent: false,
-            });
-        };
-        tracing::info!(
-            "target" = target,
-            path = %again.uri().path(),
-            error = %describe(&e),
-            "Resending request on a new connection"
-        );
-        pools
-            .send(again, Reuse::Fresh, None)
-            .await
-            .map_err(|error| SendError {
-                error: error.into(),
-                resent: true,
-            })
+        target: &'a str,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + Send + 'a {
+        async move {
+            let mut failed = match pools.send(req, reuse, checked_out).await {
+                Ok(r) => return Ok(r),
+                Err(e) => e,
+            };
+            let again = failed
+                .take_request()
+                .filter(|req| retry::resend_allowed(&failed, req));
+            let e: BoxError = failed.into();
+            let Some(again) = again else {
+                return Err(SendError {
+                    error: e,
+                    resent: false,
+                });
+            };
+            tracing::info!(
+                "target" = target,
+                path = %again.uri().path(),
+                error = %describe(&e),
+                "Resending request on a new connection"
+            );
+            pools
+                .send(again, Reuse::Fresh, None)
+                .await
+                .map_err(|error| SendError {
+                    error: error.into(),
+                    resent: true,
+                })
+        }
     }
 
     /// Forwards `req` (its body from [`Self::client_body`]); the returned response carries
     /// `exchange` in its body (or, for an upgrade, in the task that copies the upgraded
     /// connection). With `up.may_retry`, a failure that allows another attempt comes back
     /// as [`Retry`] instead, with nothing sent to the client.
-    pub async fn forward(
-        &self,
+    ///
+    /// Not an `async fn`, for the size of its future (see `Pools::send`).
+    #[allow(clippy::manual_async_fn)]
+    pub fn forward<'a>(
+        &'a self,
         mut req: Request<RequestBody>,
-        up: UpstreamRequest<'_>,
+        up: UpstreamRequest<'a>,
         exchange: Exchange,
-    ) -> Result<Response<ResponseBody>, Box<Retry>> {
-        let opts = up.options;
-        let upgrade = headers::upgrade_type(req.headers());
-        let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+    ) -> impl Future<Output = Result<Response<ResponseBody>, Box<Retry>>> + Send + 'a {
+        async move {
+            let opts = up.options;
+            let upgrade = headers::upgrade_type(req.headers());
+            let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
-        let (mut parts, incoming) = req.into_parts();
-        let head_request = parts.method == http::Method::HEAD;
-        // Kept for a rejection's rendering (a copy only for a non-standard method).
-        let method = parts.method.clone();
-        // The request as the client sent it, for another attempt (fork F18): kept only
-        // when one may come and the request qualifies.
-        let again = (up.may_retry
-            && retry::may_try_elsewhere(&method, incoming.is_end_stream(), upgrade.is_some()))
-        .then(|| Replay::of(&parts));
-        let mut body = if opts.buffer_requests && upgrade.is_none() {
-            let buffered = match up.deadline {
-                Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))
-                    .await
-                    .unwrap_or(Err(Rejection::DeadlineExceeded)),
-                None => buffer_request(incoming, opts).await,
-            };
-            match buffered {
-                Ok(b) => b,
-                Err(rejection) => {
-                    return Ok(up.reject(rejection, parts.uri.path(), &method, exchange));
-                }
-            }
-        } else {
-            incoming
-        };
-
-        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
-        // `TE` goes, except its `trailers` (one look-up when the client sent none).
-        let wants_trailers = parts
-            .headers
-            .remove(header::TE)
-            .is_some_and(|te| headers::has_token(te.as_bytes(), b"trailers"));
-        headers::remove_hop_by_hop(&mut parts.headers);
-        if wants_trailers {
-            parts
-                .headers
-                .insert(header::TE, HeaderValue::from_static("trailers"));
-        }
-        headers::set_forwarded(
-            &mut parts.headers,
-            &ForwardedFor {
-                client_ip: up.client_ip,
-                host: original_host.as_ref(),
-                tls: up.tls,
-                trust_client: opts.forward_headers,
-            },
-        );
-        headers::set_target_header(
-            &mut parts.headers,
-            up.target.header_value(),
-            opts.forward_headers,
-        );
-        // Kept (a reference count, not a copy) only when the response's cookies need it.
-        let cookie_host = up.cookies.scope_paths.and(original_host.as_ref()).cloned();
-        if let Some(h) = original_host {
-            parts.headers.insert(header::HOST, h);
-        }
-        if let Some(kind) = &upgrade {
-            parts
-                .headers
-                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            parts.headers.insert(header::UPGRADE, kind.clone());
-        }
-        let mut uri = Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(up.target.authority().clone())
-            .path_and_query(up.path_and_query.clone())
-            .build()
-            .unwrap_or_default();
-        std::mem::swap(&mut parts.uri, &mut uri);
-        parts.version = Version::HTTP_11;
-        let body_sent = body.track_sent();
-        let reuse = self.reuse_for(up.pools, up.target, upgrade.is_some());
-        if !up.pools.settings().keep_alive && upgrade.is_none() {
-            // `--target-disable-keep-alives`: say so, as Go's transport does.
-            parts
-                .headers
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        let outbound = Request::from_parts(parts, body);
-        // With `--target-max-conns` a request may queue for a connection: the target's
-        // time to answer starts once it has one (Go's `ResponseHeaderTimeout` starts
-        // once the request is written).
-        let (checked_out, queued) = match up.pools.settings().max_conns {
-            Some(_) => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                (Some(tx), Some(rx))
-            }
-            None => (None, None),
-        };
-        let sent = self.send(up.pools, reuse, outbound, checked_out, up.target.address());
-        let result = {
-            let cancelled = async {
-                match exchange.target.as_ref() {
-                    Some(g) => g.cancelled().await,
-                    None => std::future::pending().await,
-                }
-            };
-            // `--target-timeout` (or `--path-timeout`) bounds the wait for response
-            // headers once the request is sent (Go's `ResponseHeaderTimeout`), so a slow
-            // upload is not cut short.
-            let timed_out = async {
-                let Some(limit) = up.response_timeout else {
-                    return std::future::pending().await;
+            let (mut parts, incoming) = req.into_parts();
+            let head_request = parts.method == http::Method::HEAD;
+            // Kept for a rejection's rendering (a copy only for a non-standard method).
+            let method = parts.method.clone();
+            // The request as the client sent it, for another attempt (fork F18): kept only
+            // when one may come and the request qualifies.
+            let again = (up.may_retry
+                && retry::may_try_elsewhere(&method, incoming.is_end_stream(), upgrade.is_some()))
+            .then(|| Replay::of(&parts));
+            let mut body = if opts.buffer_requests && upgrade.is_none() {
+                let buffered = match up.deadline {
+                    Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))
+                        .await
+                        .unwrap_or(Err(Rejection::DeadlineExceeded)),
+                    None => buffer_request(incoming, opts).await,
                 };
-                if let Some(rx) = queued {
-                    let _ = rx.await;
-                }
-                if let Some(rx) = body_sent {
-                    let _ = rx.await;
-                }
-                tokio::time::sleep(limit).await;
-            };
-            // `--request-timeout`: the whole request's deadline, uploads included.
-            let deadline = async {
-                match up.deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                r = sent => Some(Ok(r)),
-                _ = timed_out => Some(Err(Rejection::TargetTimeout)),
-                _ = deadline => Some(Err(Rejection::DeadlineExceeded)),
-                _ = cancelled => None,
-            }
-        };
-        let mut response = match result {
-            None => {
-                // Release the target now: the 504 page itself must not be cut by the drain.
-                let mut exchange = exchange;
-                exchange.target = None;
-                return match again {
-                    Some(again) => Err(Retry::new(again, exchange, Rejection::Drained)),
-                    None => Ok(up.reject(Rejection::Drained, uri.path(), &method, exchange)),
-                };
-            }
-            Some(Err(fired)) => return Ok(up.reject(fired, uri.path(), &method, exchange)),
-            Some(Ok(Err(SendError { error: e, .. }))) if client_body_failed(&e) => {
-                // The client's own body could not be read (malformed chunking) or did not
-                // come: its fault.
-                let bad = if body_timed_out(e.as_ref()) {
-                    Rejection::BodyReadTimeout
-                } else {
-                    Rejection::BadRequestBody {
-                        detail: describe(&e),
+                match buffered {
+                    Ok(b) => b,
+                    Err(rejection) => {
+                        return Ok(up.reject(rejection, parts.uri.path(), &method, exchange));
                     }
-                };
-                return Ok(up.reject(bad, uri.path(), &method, exchange));
-            }
-            Some(Ok(Err(SendError { error: e, resent }))) => {
-                let connect = pool::connect_failure(e.as_ref());
-                let failure = match connect {
-                    Some(ConnectFailure::TimedOut(limit)) => Rejection::DialTimedOut {
-                        target: up.target.shared_address(),
-                        limit,
-                    },
-                    _ => Rejection::TargetFailed {
-                        target: up.target.shared_address(),
-                        detail: describe(&e),
-                        resent,
-                    },
-                };
-                // Only a connection that could not be made proves the target did not act.
-                return match again.filter(|_| connect == Some(ConnectFailure::Failed)) {
-                    Some(again) => Err(Retry::new(again, exchange, failure)),
-                    None => Ok(up.reject(failure, uri.path(), &method, exchange)),
-                };
-            }
-            Some(Ok(Ok(r))) => r,
-        };
-        if let Some((timeout, limit)) = self
-            .keep_alive
-            .learn(up.target.authority(), response.headers())
-        {
-            tracing::info!(
-                "target" = up.target.address(),
-                keep_alive_timeout = ?timeout,
-                pool_idle_timeout = ?limit.min(up.pools.settings().idle_timeout),
-                "Target announced its keep-alive timeout"
-            );
-        }
-        // Answer in our own version: hyper writes the response's version on the status
-        // line, so an HTTP/1.0 app would otherwise downgrade HTTP/1.1 clients.
-        *response.version_mut() = Version::HTTP_11;
-
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            // The app may only switch to the protocol the client asked for.
-            let switched_to = response.headers().get(header::UPGRADE);
-            let agreed = upgrade
-                .as_ref()
-                .zip(switched_to)
-                .is_some_and(|(asked, got)| asked.as_bytes().eq_ignore_ascii_case(got.as_bytes()));
-            return Ok(match client_upgrade.filter(|_| agreed) {
-                Some(client_upgrade) => splice_upgrade(response, client_upgrade, exchange),
-                None => {
-                    let failed = Rejection::TargetFailed {
-                        target: up.target.shared_address(),
-                        detail: "backend switched to a protocol that was not requested".into(),
-                        resent: false,
-                    };
-                    up.reject(failed, uri.path(), &method, exchange)
                 }
+            } else {
+                incoming
+            };
+
+            let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+                parts
+                    .uri
+                    .authority()
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
             });
-        }
-        headers::remove_hop_by_hop(response.headers_mut());
-        up.cookies
-            .apply(response.headers_mut(), cookie_host.as_ref());
-
-        if opts.buffer_responses && !is_event_stream(response.headers()) {
-            let (mut parts, incoming) = response.into_parts();
-            let buffered = match up.deadline {
-                Some(d) => {
-                    match tokio::time::timeout_at(d, buffer_response(incoming, opts)).await {
-                        Ok(b) => b,
-                        Err(_) => {
-                            let late = Rejection::DeadlineExceeded;
-                            return Ok(up.reject(late, uri.path(), &method, exchange));
-                        }
-                    }
+            // `TE` goes, except its `trailers` (one look-up when the client sent none).
+            let wants_trailers = parts
+                .headers
+                .remove(header::TE)
+                .is_some_and(|te| headers::has_token(te.as_bytes(), b"trailers"));
+            headers::remove_hop_by_hop(&mut parts.headers);
+            if wants_trailers {
+                parts
+                    .headers
+                    .insert(header::TE, HeaderValue::from_static("trailers"));
+            }
+            headers::set_forwarded(
+                &mut parts.headers,
+                &ForwardedFor {
+                    client_ip: up.client_ip,
+                    host: original_host.as_ref(),
+                    tls: up.tls,
+                    trust_client: opts.forward_headers,
+                },
+            );
+            headers::set_target_header(
+                &mut parts.headers,
+                up.target.header_value(),
+                opts.forward_headers,
+            );
+            // Kept (a reference count, not a copy) only when the response's cookies need it.
+            let cookie_host = up.cookies.scope_paths.and(original_host.as_ref()).cloned();
+            if let Some(h) = original_host {
+                parts.headers.insert(header::HOST, h);
+            }
+            if let Some(kind) = &upgrade {
+                parts
+                    .headers
+                    .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                parts.headers.insert(header::UPGRADE, kind.clone());
+            }
+            let mut uri = Uri::builder()
+                .scheme(Scheme::HTTP)
+                .authority(up.target.authority().clone())
+                .path_and_query(up.path_and_query.clone())
+                .build()
+                .unwrap_or_default();
+            std::mem::swap(&mut parts.uri, &mut uri);
+            parts.version = Version::HTTP_11;
+            let body_sent = body.track_sent();
+            let reuse = self.reuse_for(up.pools, up.target, upgrade.is_some());
+            if !up.pools.settings().keep_alive && upgrade.is_none() {
+                // `--target-disable-keep-alives`: say so, as Go's transport does.
+                parts
+                    .headers
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            let outbound = Request::from_parts(parts, body);
+            // With `--target-max-conns` a request may queue for a connection: the target's
+            // time to answer starts once it has one (Go's `ResponseHeaderTimeout` starts
+            // once the request is written).
+            let (checked_out, queued) = match up.pools.settings().max_conns {
+                Some(_) => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    (Some(tx), Some(rx))
                 }
-                None => buffer_response(incoming, opts).await,
+                None => (None, None),
             };
-            return Ok(match buffered {
-                Ok(body) => {
-                    // A HEAD, 204 or 304 answer has no body to measure: its length, if
-                    // any, stays the app's.
-                    let bodiless = head_request
-                        || matches!(
-                            parts.status,
-                            StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED
-                        );
-                    if !(bodiless && body.is_empty()) {
-                        parts
-                            .headers
-                            .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+            let sent = self.send(up.pools, reuse, outbound, checked_out, up.target.address());
+            let result = {
+                let cancelled = async {
+                    match exchange.target.as_ref() {
+                        Some(g) => g.cancelled().await,
+                        None => std::future::pending().await,
                     }
-                    finish(
-                        Response::from_parts(parts, ResponseBody::buffered(body)),
-                        exchange,
-                    )
+                };
+                // `--target-timeout` (or `--path-timeout`) bounds the wait for response
+                // headers once the request is sent (Go's `ResponseHeaderTimeout`), so a slow
+                // upload is not cut short.
+                let timed_out = async {
+                    let Some(limit) = up.response_timeout else {
+                        return std::future::pending().await;
+                    };
+                    if let Some(rx) = queued {
+                        let _ = rx.await;
+                    }
+                    if let Some(rx) = body_sent {
+                        let _ = rx.await;
+                    }
+                    tokio::time::sleep(limit).await;
+                };
+                // `--request-timeout`: the whole request's deadline, uploads included.
+                let deadline = async {
+                    match up.deadline {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    r = sent => Some(Ok(r)),
+                    _ = timed_out => Some(Err(Rejection::TargetTimeout)),
+                    _ = deadline => Some(Err(Rejection::DeadlineExceeded)),
+                    _ = cancelled => None,
                 }
-                Err(e) => {
-                    let rejection = match e {
-                        ResponseBufferError::Buffer(BufferError::TooLarge) => {
-                            Rejection::ResponseTooLarge
+            };
+            let mut response = match result {
+                None => {
+                    // Release the target now: the 504 page itself must not be cut by the drain.
+                    let mut exchange = exchange;
+                    exchange.target = None;
+                    return match again {
+                        Some(again) => Err(Retry::new(again, exchange, Rejection::Drained)),
+                        None => Ok(up.reject(Rejection::Drained, uri.path(), &method, exchange)),
+                    };
+                }
+                Some(Err(fired)) => return Ok(up.reject(fired, uri.path(), &method, exchange)),
+                Some(Ok(Err(SendError { error: e, .. }))) if client_body_failed(&e) => {
+                    // The client's own body could not be read (malformed chunking) or did not
+                    // come: its fault.
+                    let bad = if body_timed_out(e.as_ref()) {
+                        Rejection::BodyReadTimeout
+                    } else {
+                        Rejection::BadRequestBody {
+                            detail: describe(&e),
                         }
-                        ResponseBufferError::Buffer(BufferError::Io(e)) => {
-                            Rejection::BufferFailed {
-                                detail: e.to_string(),
-                            }
-                        }
-                        ResponseBufferError::Upstream(e) => Rejection::TargetFailed {
+                    };
+                    return Ok(up.reject(bad, uri.path(), &method, exchange));
+                }
+                Some(Ok(Err(SendError { error: e, resent }))) => {
+                    let connect = pool::connect_failure(e.as_ref());
+                    let failure = match connect {
+                        Some(ConnectFailure::TimedOut(limit)) => Rejection::DialTimedOut {
                             target: up.target.shared_address(),
-                            detail: e.to_string(),
-                            resent: false,
+                            limit,
+                        },
+                        _ => Rejection::TargetFailed {
+                            target: up.target.shared_address(),
+                            detail: describe(&e),
+                            resent,
                         },
                     };
-                    up.reject(rejection, uri.path(), &method, exchange)
+                    // Only a connection that could not be made proves the target did not act.
+                    return match again.filter(|_| connect == Some(ConnectFailure::Failed)) {
+                        Some(again) => Err(Retry::new(again, exchange, failure)),
+                        None => Ok(up.reject(failure, uri.path(), &method, exchange)),
+                    };
                 }
-            });
+                Some(Ok(Ok(r))) => r,
+            };
+            if let Some((timeout, limit)) = self
+                .keep_alive
+                .learn(up.target.authority(), response.headers())
+            {
+                tracing::info!(
+                    "target" = up.target.address(),
+                    keep_alive_timeout = ?timeout,
+                    pool_idle_timeout = ?limit.min(up.pools.settings().idle_timeout),
+                    "Target announced its keep-alive timeout"
+                );
+            }
+            // Answer in our own version: hyper writes the response's version on the status
+            // line, so an HTTP/1.0 app would otherwise downgrade HTTP/1.1 clients.
+            *response.version_mut() = Version::HTTP_11;
+
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                // The app may only switch to the protocol the client asked for.
+                let switched_to = response.headers().get(header::UPGRADE);
+                let agreed = upgrade
+                    .as_ref()
+                    .zip(switched_to)
+                    .is_some_and(|(asked, got)| {
+                        asked.as_bytes().eq_ignore_ascii_case(got.as_bytes())
+                    });
+                return Ok(match client_upgrade.filter(|_| agreed) {
+                    Some(client_upgrade) => splice_upgrade(response, client_upgrade, exchange),
+                    None => {
+                        let failed = Rejection::TargetFailed {
+                            target: up.target.shared_address(),
+                            detail: "backend switched to a protocol that was not requested".into(),
+                            resent: false,
+                        };
+                        up.reject(failed, uri.path(), &method, exchange)
+                    }
+                });
+            }
+            headers::remove_hop_by_hop(response.headers_mut());
+            up.cookies
+                .apply(response.headers_mut(), cookie_host.as_ref());
+
+            if opts.buffer_responses && !is_event_stream(response.headers()) {
+                let (mut parts, incoming) = response.into_parts();
+                let buffered = match up.deadline {
+                    Some(d) => {
+                        match tokio::time::timeout_at(d, buffer_response(incoming, opts)).await {
+                            Ok(b) => b,
+                            Err(_) => {
+                                let late = Rejection::DeadlineExceeded;
+                                return Ok(up.reject(late, uri.path(), &method, exchange));
+                            }
+                        }
+                    }
+                    None => buffer_response(incoming, opts).await,
+                };
+                return Ok(match buffered {
+                    Ok(body) => {
+                        // A HEAD, 204 or 304 answer has no body to measure: its length, if
+                        // any, stays the app's.
+                        let bodiless = head_request
+                            || matches!(
+                                parts.status,
+                                StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED
+                            );
+                        if !(bodiless && body.is_empty()) {
+                            parts
+                                .headers
+                                .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                        }
+                        finish(
+                            Response::from_parts(parts, ResponseBody::buffered(body)),
+                            exchange,
+                        )
+                    }
+                    Err(e) => {
+                        let rejection = match e {
+                            ResponseBufferError::Buffer(BufferError::TooLarge) => {
+                                Rejection::ResponseTooLarge
+                            }
+                            ResponseBufferError::Buffer(BufferError::Io(e)) => {
+                                Rejection::BufferFailed {
+                                    detail: e.to_string(),
+                                }
+                            }
+                            ResponseBufferError::Upstream(e) => Rejection::TargetFailed {
+                                target: up.target.shared_address(),
+                                detail: e.to_string(),
+                                resent: false,
+                            },
+                        };
+                        up.reject(rejection, uri.path(), &method, exchange)
+                    }
+                });
+            }
+            // The deadline keeps running over the body, unless it is an event stream.
+            let deadline = up.deadline.filter(|_| !is_event_stream(response.headers()));
+            Ok(finish(
+                response.map(|b| match deadline {
+                    Some(d) => ResponseBody::stream(b).with_deadline(d),
+                    None => ResponseBody::stream(b),
+                }),
+                exchange,
+            ))
         }
-        // The deadline keeps running over the body, unless it is an event stream.
-        let deadline = up.deadline.filter(|_| !is_event_stream(response.headers()));
-        Ok(finish(
-            response.map(|b| match deadline {
-                Some(d) => ResponseBody::stream(b).with_deadline(d),
-                None => ResponseBody::stream(b),
-            }),
-            exchange,
-        ))
     }
 }
 

@@ -36,7 +36,8 @@ enum State {
 
 enum Rest {
     Length(u64),
-    Chunked(ChunkedDecoder),
+    /// Boxed: the decoder is 104 bytes, which every response body would carry.
+    Chunked(Box<ChunkedDecoder>),
     UntilClose,
 }
 
@@ -63,7 +64,7 @@ pub(crate) fn response(head: Head, mut lease: Box<dyn Lease>) -> http::Response<
         },
         Framing::Chunked => State::Reading {
             lease,
-            rest: Rest::Chunked(ChunkedDecoder::new()),
+            rest: Rest::Chunked(Box::new(ChunkedDecoder::new())),
             keep_alive: head.keep_alive,
         },
         Framing::UntilClose => State::Reading {

@@ -134,73 +134,85 @@ impl Pools {
 
     /// Sends `req` (its URI absolute: the target's address is its authority). `checked_out`
     /// is dropped once the request has a connection (its wait for one is over).
-    pub(crate) async fn send(
+    ///
+    /// Not an `async fn`: those keep each argument twice in their future (as passed, and
+    /// as bound), and a request is 360 bytes, copied with the future at each level.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn send(
         &self,
         mut req: Request<RequestBody>,
         reuse: Reuse,
         checked_out: Option<oneshot::Sender<()>>,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let Some(host) = req.uri().authority().cloned() else {
-            return Err(UpstreamError::new(
-                "Connect",
-                "request without a target address".into(),
-            ));
-        };
-        // A Host header: the client's, or the target's.
-        if !req.headers().contains_key(header::HOST) {
-            if let Ok(v) = HeaderValue::from_str(host_header(&host)) {
-                req.headers_mut().insert(header::HOST, v);
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + '_ {
+        async move {
+            let Some(host) = req.uri().authority().cloned() else {
+                return Err(UpstreamError::new(
+                    "Connect",
+                    "request without a target address".into(),
+                ));
+            };
+            // A Host header: the client's, or the target's.
+            if !req.headers().contains_key(header::HOST) {
+                if let Ok(v) = HeaderValue::from_str(host_header(&host)) {
+                    req.headers_mut().insert(header::HOST, v);
+                }
             }
+            let target = self.target(&host);
+            // Our own connection takes every request it can: one without a body to stream,
+            // that does not switch protocols.
+            if reuse != Reuse::Upgrade
+                && req.body().is_end_stream()
+                && req.method() != Method::CONNECT
+            {
+                return self.send_own(req, &target, &host, reuse, checked_out).await;
+            }
+            self.send_hyper(req, &target, &host, reuse, checked_out)
+                .await
         }
-        let target = self.target(&host);
-        // Our own connection takes every request it can: one without a body to stream,
-        // that does not switch protocols.
-        if reuse != Reuse::Upgrade && req.body().is_end_stream() && req.method() != Method::CONNECT
-        {
-            return self.send_own(req, &target, &host, reuse, checked_out).await;
-        }
-        self.send_hyper(req, &target, &host, reuse, checked_out)
-            .await
     }
 
     /// Over one of our own connections. The request comes back with a failure (it has no
-    /// body, so it can be sent again).
-    async fn send_own(
-        &self,
+    /// body, so it can be sent again). (Not an `async fn`: see [`Pools::send`].)
+    #[allow(clippy::manual_async_fn)]
+    fn send_own<'a>(
+        &'a self,
         req: Request<RequestBody>,
-        target: &Arc<TargetPool>,
-        host: &Authority,
+        target: &'a Arc<TargetPool>,
+        host: &'a Authority,
         reuse: Reuse,
         mut checked_out: Option<oneshot::Sender<()>>,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        loop {
-            let (conn, reused) = match self.checkout(target, host, reuse, Kind::Own).await {
-                Ok(checked) => checked,
-                Err(e) => return Err(e.with_request(req)),
-            };
-            drop(checked_out.take());
-            let Conn::Own(mut conn) = conn.conn else {
-                unreachable!("a checkout of our own kind")
-            };
-            let failed = match conn.conn.send(req.method(), path, req.headers()).await {
-                Ok(head) => {
-                    // A connection's buffers stay at the largest head they held: one whose
-                    // request or response head was large closes after its exchange.
-                    conn.pooled = matches!(reuse, Reuse::Pooled(_))
-                        && head.request_bytes <= KEEP_HEAD_LIMIT
-                        && head.bytes <= KEEP_HEAD_LIMIT;
-                    let response = own::body::response(head, conn);
-                    // Its head is out, and a request answered is not sent again.
-                    super::header_maps::recycle(req.into_parts().0.headers);
-                    return Ok(response.map(UpstreamBody::Own));
-                }
-                // Not a byte of it was written: the reused connection was closing.
-                Err(own::SendError::Unsent(_)) if reused => continue,
-                Err(own::SendError::Unsent(e)) => e.into(),
-                Err(own::SendError::Failed(e)) => e.into(),
-            };
-            return Err(UpstreamError::new("SendRequest", failed).with_request(req));
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + 'a {
+        async move {
+            let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+            loop {
+                let (conn, reused) = match self.checkout(target, host, reuse, Kind::Own).await {
+                    Ok(checked) => checked,
+                    Err(e) => return Err(e.with_request(req)),
+                };
+                drop(checked_out.take());
+                let Conn::Own(mut conn) = conn.conn else {
+                    unreachable!("a checkout of our own kind")
+                };
+                let failed = match conn.conn.send(req.method(), path, req.headers()).await {
+                    Ok(head) => {
+                        // A connection's buffers stay at the largest head they held: one
+                        // whose request or response head was large closes after its
+                        // exchange.
+                        conn.pooled = matches!(reuse, Reuse::Pooled(_))
+                            && head.request_bytes <= KEEP_HEAD_LIMIT
+                            && head.bytes <= KEEP_HEAD_LIMIT;
+                        let response = own::body::response(head, conn);
+                        // Its head is out, and a request answered is not sent again.
+                        super::header_maps::recycle(req.into_parts().0.headers);
+                        return Ok(response.map(UpstreamBody::Own));
+                    }
+                    // Not a byte of it was written: the reused connection was closing.
+                    Err(own::SendError::Unsent(_)) if reused => continue,
+                    Err(own::SendError::Unsent(e)) => e.into(),
+                    Err(own::SendError::Failed(e)) => e.into(),
+                };
+                return Err(UpstreamError::new("SendRequest", failed).with_request(req));
+            }
         }
     }
 
