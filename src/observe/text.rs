@@ -52,17 +52,31 @@ pub struct Decimal {
     start: usize,
 }
 
+/// "00" to "99": two digits per division.
+const PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
 impl Decimal {
     pub fn new(mut n: u64) -> Self {
         let mut buf = [0u8; 20];
         let mut start = buf.len();
-        loop {
+        while n >= 100 {
+            let pair = (n % 100) as usize * 2;
+            n /= 100;
+            start -= 2;
+            buf[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        }
+        if n >= 10 {
+            let pair = n as usize * 2;
+            start -= 2;
+            buf[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        } else {
             start -= 1;
-            buf[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
+            buf[start] = b'0' + n as u8;
         }
         Decimal { buf, start }
     }
@@ -132,6 +146,11 @@ mod tests {
             u64::MAX,
         ] {
             assert_eq!(Decimal::new(n).as_str(), n.to_string());
+        }
+        // Every length and digit pair (two digits are written per division).
+        for n in (0..=100_000u64).chain((1..20).map(|e| 10u64.pow(e) - 1)) {
+            assert_eq!(Decimal::new(n).as_str(), n.to_string());
+            assert_eq!(Decimal::new(n + 1).as_str(), (n + 1).to_string());
         }
         for n in [0i64, -1, 42, -9_876_543_210, i64::MIN, i64::MAX] {
             let mut s = String::new();
