@@ -158,10 +158,11 @@ impl Expired {
 
 pin_project_lite::pin_project! {
     /// Resolves when the phase the connection is in has lasted longer than its timeout.
-    /// Poll it after the connection, in the same task (`select!` with `biased`).
-    pub struct Watchdog {
+    /// Poll it after the connection, in the same task (`select!` with `biased`). It
+    /// borrows the listener's timeouts: every idle connection's task holds one.
+    pub struct Watchdog<'t> {
         phase: Arc<Phase>,
-        timeouts: Timeouts,
+        timeouts: &'t Timeouts,
         seen: u32,
         deadline: Option<Instant>,
         armed: Option<Instant>,
@@ -170,12 +171,12 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl Watchdog {
+impl<'t> Watchdog<'t> {
     /// For a connection ready for its first request head from now.
-    pub fn new(phase: Arc<Phase>, timeouts: Timeouts) -> Self {
+    pub fn new(phase: Arc<Phase>, timeouts: &'t Timeouts) -> Self {
         let seen = phase.0.load(Ordering::Relaxed);
         let now = Instant::now();
-        let deadline = Self::limit(&timeouts, seen).map(|d| now + d);
+        let deadline = Self::limit(timeouts, seen).map(|d| now + d);
         Watchdog {
             phase,
             timeouts,
@@ -204,7 +205,7 @@ impl Watchdog {
     }
 }
 
-impl Future for Watchdog {
+impl Future for Watchdog<'_> {
     type Output = Expired;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Expired> {
@@ -253,14 +254,15 @@ mod tests {
         }
     }
 
-    async fn pending(w: &mut Pin<&mut Watchdog>) -> bool {
+    async fn pending(w: &mut Pin<&mut Watchdog<'_>>) -> bool {
         futures_util::poll!(w.as_mut()).is_pending()
     }
 
     #[tokio::test(start_paused = true)]
     async fn each_phase_has_its_own_clock() {
         let phase = Arc::new(Phase::default());
-        let w = Watchdog::new(phase.clone(), timeouts(30, Some(5), 60));
+        let t = timeouts(30, Some(5), 60);
+        let w = Watchdog::new(phase.clone(), &t);
         let mut w = std::pin::pin!(w);
         assert!(pending(&mut w).await);
         tokio::time::advance(Duration::from_secs(29)).await;
@@ -290,7 +292,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn idle_and_write_timeouts_fire() {
         let phase = Arc::new(Phase::default());
-        let w = Watchdog::new(phase.clone(), timeouts(30, None, 60));
+        let t = timeouts(30, None, 60);
+        let w = Watchdog::new(phase.clone(), &t);
         let mut w = std::pin::pin!(w);
         phase.request();
         assert!(pending(&mut w).await);
@@ -303,7 +306,8 @@ mod tests {
         assert_eq!(futures_util::poll!(w.as_mut()), Poll::Ready(Expired::Idle));
 
         let phase = Arc::new(Phase::default());
-        let w = Watchdog::new(phase.clone(), timeouts(30, Some(5), 60));
+        let t = timeouts(30, Some(5), 60);
+        let w = Watchdog::new(phase.clone(), &t);
         let mut w = std::pin::pin!(w);
         phase.request();
         assert!(pending(&mut w).await);
@@ -331,7 +335,7 @@ mod tests {
             write: None,
             idle: None,
         };
-        let w = Watchdog::new(phase.clone(), none);
+        let w = Watchdog::new(phase.clone(), &none);
         let mut w = std::pin::pin!(w);
         for _ in 0..3 {
             assert!(pending(&mut w).await);

@@ -74,7 +74,7 @@ pub async fn serve(
             tokio::select! {
                 biased;
                 _ = connection => {}
-                expired = Watchdog::new(phase, timeouts) => {
+                expired = Watchdog::new(phase, &timeouts) => {
                     tracing::debug!(client = %peer, reason = expired.reason(), "Closing metrics connection");
                 }
             }

@@ -130,94 +130,99 @@ impl Settings {
 ///
 /// Its task lives as long as the connection, idle or not, and is as large as this
 /// future: what a request needs beyond the head is boxed (the exchange) or kept out of
-/// the locals that outlive an `.await` (see `begin`).
-pub async fn serve<S: Duplex, R: Respond>(
+/// the locals that outlive an `.await` (see `begin`). A function returning an `async`
+/// block, not an `async fn`: that would keep each argument twice, as passed and as moved
+/// into its body (92 bytes of every connection's task).
+#[allow(clippy::manual_async_fn)]
+pub fn serve<S: Duplex, R: Respond>(
     mut stream: S,
     conn: Conn,
     respond: R,
     settings: Arc<Settings>,
     draining: Drain,
-) {
-    let phase = Arc::new(Phase::default());
-    let mut watchdog = pin!(Watchdog::new(phase.clone(), settings.timeouts));
-    let mut buf = BytesMut::new();
-    let closing = Closing::default();
-    let mut served = false;
-    {
-        let (mut reader, mut writer) = stream.halves();
-        let mut head = Head {
-            reader: &mut reader,
-            buf: &mut buf,
-            phase: &phase,
-            max_head: settings.max_head,
-        };
-        let mut lifeline = Lifeline {
-            watchdog: watchdog.as_mut(),
-            draining: &draining,
-            closing: &closing,
-        };
-        loop {
-            // Matched as a temporary: a request bound to a local would keep its room in
-            // this future across the exchange's `.await`, idle or not.
-            let exchange = match next_request(&mut head, &mut lifeline, served).await {
-                Next::Head(Parsed::Request {
-                    request,
-                    keep_alive,
-                }) => begin(
-                    request,
-                    keep_alive,
-                    &respond,
-                    conn,
-                    &mut writer,
-                    &closing,
-                    &phase,
-                ),
-                Next::Head(_) => break,
-                Next::Expired(expired) => {
-                    log_expired(expired, conn.client);
-                    return;
-                }
-                Next::Closed => return,
+) -> impl Future<Output = ()> + Send {
+    async move {
+        let phase = Arc::new(Phase::default());
+        let mut watchdog = pin!(Watchdog::new(phase.clone(), &settings.timeouts));
+        let mut buf = BytesMut::new();
+        let closing = Closing::default();
+        let mut served = false;
+        {
+            let (mut reader, mut writer) = stream.halves();
+            let mut head = Head {
+                reader: &mut reader,
+                buf: &mut buf,
+                phase: &phase,
+                max_head: settings.max_head,
             };
-            served = true;
-            if head.buf.is_empty() {
-                // Nothing pipelined behind it: the buffer goes (the head keeps its part
-                // alive until the request is done), and the idle connection holds none.
-                *head.buf = BytesMut::new();
-            }
-            match watch(exchange, &mut head, &mut lifeline).await {
-                Ended::Done(true) if !closing.get() => {}
-                Ended::Done(_) => {
-                    let _ = writer.shutdown().await;
-                    return;
+            let mut lifeline = Lifeline {
+                watchdog: watchdog.as_mut(),
+                draining: &draining,
+                closing: &closing,
+            };
+            loop {
+                // Matched as a temporary: a request bound to a local would keep its room in
+                // this future across the exchange's `.await`, idle or not.
+                let exchange = match next_request(&mut head, &mut lifeline, served).await {
+                    Next::Head(Parsed::Request {
+                        request,
+                        keep_alive,
+                    }) => begin(
+                        request,
+                        keep_alive,
+                        &respond,
+                        conn,
+                        &mut writer,
+                        &closing,
+                        &phase,
+                    ),
+                    Next::Head(_) => break,
+                    Next::Expired(expired) => {
+                        log_expired(expired, conn.client);
+                        return;
+                    }
+                    Next::Closed => return,
+                };
+                served = true;
+                if head.buf.is_empty() {
+                    // Nothing pipelined behind it: the buffer goes (the head keeps its part
+                    // alive until the request is done), and the idle connection holds none.
+                    *head.buf = BytesMut::new();
                 }
-                Ended::Expired(expired) => {
-                    log_expired(expired, conn.client);
-                    return;
+                match watch(exchange, &mut head, &mut lifeline).await {
+                    Ended::Done(true) if !closing.get() => {}
+                    Ended::Done(_) => {
+                        let _ = writer.shutdown().await;
+                        return;
+                    }
+                    Ended::Expired(expired) => {
+                        log_expired(expired, conn.client);
+                        return;
+                    }
+                    // The exchange was dropped with its task: the request is cancelled
+                    // upstream and logged as the client's (499), as when hyper saw the
+                    // client go.
+                    Ended::ClientGone => return,
                 }
-                // The exchange was dropped with its task: the request is cancelled
-                // upstream and logged as the client's (499), as when hyper saw the
-                // client go.
-                Ended::ClientGone => return,
             }
         }
+        // A request ours does not take: hyper serves the rest of the connection.
+        let first = Arc::new(FirstRequest::default());
+        if served {
+            first.mark();
+        }
+        let ctx = Handed {
+            respond,
+            conn,
+            first,
+            phase,
+            draining,
+        };
+        let prefix = buf.freeze();
+        // Boxed: hyper's connection is large, and an unboxed one would size every
+        // connection's task, idle or not.
+        Box::pin(hand_over(stream, prefix, &settings.http1, ctx, watchdog)).await
     }
-    // A request ours does not take: hyper serves the rest of the connection.
-    let first = Arc::new(FirstRequest::default());
-    if served {
-        first.mark();
-    }
-    let ctx = Handed {
-        respond,
-        conn,
-        first,
-        phase,
-        draining,
-    };
-    let prefix = buf.freeze();
-    // Boxed: hyper's connection is large, and an unboxed one would size every
-    // connection's task, idle or not.
-    Box::pin(hand_over(stream, prefix, &settings.http1, ctx, watchdog)).await
 }
 
 /// A request's exchange with the pipeline: its response, written. `true`: the connection
@@ -263,7 +268,7 @@ enum Next {
 /// request (the client connected an instant before the drain and is sending it).
 async fn next_request<R: AsyncRead + Unpin>(
     head: &mut Head<'_, R>,
-    lifeline: &mut Lifeline<'_>,
+    lifeline: &mut Lifeline<'_, '_>,
     served: bool,
 ) -> Next {
     let Head {
@@ -328,8 +333,8 @@ struct Head<'a, R> {
 }
 
 /// What may end a connection while it serves a request.
-struct Lifeline<'a> {
-    watchdog: Pin<&'a mut Watchdog>,
+struct Lifeline<'a, 't> {
+    watchdog: Pin<&'a mut Watchdog<'t>>,
     draining: &'a Drain,
     closing: &'a Closing,
 }
@@ -348,7 +353,7 @@ enum Ended {
 async fn watch<R: AsyncRead + Unpin>(
     exchange: Pin<Box<impl Future<Output = bool>>>,
     client: &mut Head<'_, R>,
-    lifeline: &mut Lifeline<'_>,
+    lifeline: &mut Lifeline<'_, '_>,
 ) -> Ended {
     let mut exchange = exchange;
     let Lifeline {
@@ -437,7 +442,7 @@ async fn hand_over<S: Duplex, R: Respond>(
     prefix: Bytes,
     http1: &hyper::server::conn::http1::Builder,
     ctx: Handed<R>,
-    watchdog: Pin<&mut Watchdog>,
+    watchdog: Pin<&mut Watchdog<'_>>,
 ) {
     let Handed {
         respond,
@@ -470,7 +475,7 @@ async fn hand_over<S: Duplex, R: Respond>(
 /// connection closes instead of being kept alive.
 async fn drive_h1<I, S, B>(
     connection: hyper::server::conn::http1::UpgradeableConnection<I, S>,
-    mut watchdog: Pin<&mut Watchdog>,
+    mut watchdog: Pin<&mut Watchdog<'_>>,
     draining: &Drain,
     first: &FirstRequest,
     client: SocketAddr,
