@@ -23,40 +23,53 @@ self_out = subprocess.run(
 line_re = re.compile(r"^\s*([\d,]+) \([ \d.]+%\)\s+(.*?):(.*?)(?: \[.*\])?$")
 
 
+def legacy(name):
+    """A v0-demangled name (the build's mangling since the seventh round) as the legacy
+    demangler printed it, which the patterns below are written for: `{closure#0}` as
+    `{{closure}}`, `<a::Type>::f` as `a::Type::f`, a generic function's arguments dropped."""
+    name = re.sub(r"\{closure#\d+\}", "{{closure}}", name)
+    name = re.sub(r"^<([\w:]+)>::", r"\1::", name)
+    return re.sub(r"::<.*>$", "", name)
+
+
 def table(text):
     rows = []
     for line in text.splitlines():
         m = line_re.match(line)
         if m:
-            rows.append((int(m.group(1).replace(",", "")), m.group(2), m.group(3)))
+            rows.append((int(m.group(1).replace(",", "")), m.group(2), legacy(m.group(3)),
+                         m.group(3)))
     return rows
 
 
 incl, selfc = table(out), table(self_out)
-total = next(int(l.split()[0].replace(",", "")) for l in out.splitlines() if "PROGRAM TOTALS" in l)
+total = next(int(l.split()[0].replace(",", "")) for l in out.splitlines()
+             if "PROGRAM TOTALS" in l and l.split()[0][0].isdigit())
 
 
 def inclusive(pattern):
     """Largest inclusive cost among the entries of functions matching `pattern`."""
     r = re.compile(pattern)
-    return max((c for c, _, f in incl if r.search(f)), default=0)
+    return max((c for c, _, f, raw in incl if r.search(f) or r.search(raw)), default=0)
 
 
 def self_cost(file_pattern):
     r = re.compile(file_pattern)
-    return sum(c for c, f, _ in selfc if r.search(f))
+    return sum(c for c, f, _, _ in selfc if r.search(f))
 
 
 # The connection's task: an async block in accept_loop, then the `Connection` future.
 conn_task = max(inclusive(r"^kamal_proxy::server::accept_loop::\{\{closure\}\}::\{\{closure\}\}$"),
-                inclusive(r"^<kamal_proxy::server::Connection<F> as core::future::future::Future>::poll$"))
+                inclusive(r"^<kamal_proxy::server::Connection<.*> as core::future::future::Future>::poll$"))
 handle = inclusive(r"^kamal_proxy::server::handle::\{\{closure\}\}$")
 body_drop = inclusive(r"^core::ptr::drop_in_place<kamal_proxy::proxy::body::ResponseBody>$")
 # Our own server connection reads the response body to its end (the exchange ends there,
 # with the access line) instead of dropping it: the body's polls are the pipeline's.
 body_poll = inclusive(r"^<kamal_proxy::proxy::body::ResponseBody as http_body::Body>::poll_frame$")
-log_line = inclusive(r"^kamal_proxy::observe::access::log_request$")
-log_writer = inclusive(r"^tracing_appender::worker::Worker<T>::work$")
+log_line = inclusive(r"^kamal_proxy::observe::access::log_request(::\{\{closure\}\})?$")
+# tracing_appender's worker until the sixth round, our own since.
+log_writer = max(inclusive(r"^tracing_appender::worker::Worker<T>::work$"),
+                 inclusive(r"^std::sys::backtrace::__rust_begin_short_backtrace::<<kamal_proxy::observe::log::sink::Sink>::new"))
 # hyper-util's client; then our pool over hyper's connections (its take and give-back);
 # now our pool and our own HTTP/1 connection (`Pools::send`: checkout, the head written,
 # the response head parsed; a body read later is in the hyper server line, which polls it).
