@@ -165,7 +165,9 @@ pin_project_lite::pin_project! {
         timeouts: &'t Timeouts,
         seen: u32,
         deadline: Option<Instant>,
-        armed: Option<Instant>,
+        // The timer is set (to its own deadline); kept as a flag, not a second copy of
+        // the time, for the 16 bytes every idle connection's task would carry.
+        armed: bool,
         #[pin]
         timer: Sleep,
     }
@@ -182,7 +184,7 @@ impl<'t> Watchdog<'t> {
             timeouts,
             seen,
             deadline,
-            armed: deadline,
+            armed: deadline.is_some(),
             // Not registered with the timer wheel until first polled.
             timer: tokio::time::sleep_until(deadline.unwrap_or(now)),
         }
@@ -215,24 +217,24 @@ impl Future for Watchdog<'_> {
             *this.seen = now_seen;
             *this.deadline = Self::limit(this.timeouts, now_seen).map(|d| Instant::now() + d);
             if let Some(d) = *this.deadline {
-                if this.armed.is_none_or(|a| d < a) {
+                if !*this.armed || d < this.timer.deadline() {
                     this.timer.as_mut().reset(d);
-                    *this.armed = Some(d);
+                    *this.armed = true;
                 }
             }
         }
         loop {
-            if this.armed.is_none() || this.timer.as_mut().poll(cx).is_pending() {
+            if !*this.armed || this.timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
             // The timer went off at the deadline it was armed with; the phase's own
             // deadline may have moved on since.
-            *this.armed = None;
+            *this.armed = false;
             match *this.deadline {
                 Some(d) if d <= Instant::now() => return Poll::Ready(Self::expired(*this.seen)),
                 Some(d) => {
                     this.timer.as_mut().reset(d);
-                    *this.armed = Some(d);
+                    *this.armed = true;
                 }
                 None => return Poll::Pending,
             }

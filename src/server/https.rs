@@ -268,9 +268,10 @@ where
             )
         }
     });
-    let connection = https.http2.serve_connection(io, service);
+    // Boxed: pinned inside the block it would be moved there from the block's capture,
+    // and the task would hold its 2.7 KB twice.
+    let mut connection = Box::pin(https.http2.serve_connection(io, service));
     async move {
-        let mut connection = std::pin::pin!(connection);
         let idle = async {
             match timeouts.idle {
                 Some(limit) => activity.idle_for(limit).await,

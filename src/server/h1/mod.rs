@@ -142,23 +142,30 @@ pub fn serve<S: Duplex, R: Respond>(
     draining: Drain,
 ) -> impl Future<Output = ()> + Send {
     async move {
-        let phase = Arc::new(Phase::default());
-        let mut watchdog = pin!(Watchdog::new(phase.clone(), &settings.timeouts));
-        let mut buf = BytesMut::new();
+        // In a block: a local once borrowed (here by `clone`) keeps its room in the task
+        // until its scope ends, even after it is moved.
+        let (phase, watchdog) = {
+            let phase = Arc::new(Phase::default());
+            let watchdog = Watchdog::new(phase.clone(), &settings.timeouts);
+            (phase, watchdog)
+        };
+        let watchdog = pin!(watchdog);
         let closing = Closing::default();
         let mut served = false;
-        {
-            let (mut reader, mut writer) = stream.halves();
+        // The connection's state between requests, in as few places as it fits: each
+        // binding kept across an `.await` takes room in every connection's task.
+        let mut lifeline = Lifeline {
+            watchdog,
+            draining: &draining,
+            closing: &closing,
+        };
+        let (phase, buf) = {
+            let (reader, mut writer) = stream.halves();
             let mut head = Head {
-                reader: &mut reader,
-                buf: &mut buf,
-                phase: &phase,
+                reader,
+                buf: BytesMut::new(),
+                phase,
                 max_head: settings.max_head,
-            };
-            let mut lifeline = Lifeline {
-                watchdog: watchdog.as_mut(),
-                draining: &draining,
-                closing: &closing,
             };
             loop {
                 // Matched as a temporary: a request bound to a local would keep its room in
@@ -174,7 +181,7 @@ pub fn serve<S: Duplex, R: Respond>(
                         conn,
                         &mut writer,
                         &closing,
-                        &phase,
+                        &head.phase,
                     ),
                     Next::Head(_) => break,
                     Next::Expired(expired) => {
@@ -187,7 +194,7 @@ pub fn serve<S: Duplex, R: Respond>(
                 if head.buf.is_empty() {
                     // Nothing pipelined behind it: the buffer goes (the head keeps its part
                     // alive until the request is done), and the idle connection holds none.
-                    *head.buf = BytesMut::new();
+                    head.buf = BytesMut::new();
                 }
                 match watch(exchange, &mut head, &mut lifeline).await {
                     Ended::Done(true) if !closing.get() => {}
@@ -205,8 +212,10 @@ pub fn serve<S: Duplex, R: Respond>(
                     Ended::ClientGone => return,
                 }
             }
-        }
+            (head.phase, head.buf)
+        };
         // A request ours does not take: hyper serves the rest of the connection.
+        let watchdog = lifeline.watchdog;
         let first = Arc::new(FirstRequest::default());
         if served {
             first.mark();
@@ -267,41 +276,29 @@ enum Next {
 /// connection that has served nothing yet gets [`FIRST_REQUEST_WAIT`] for its first
 /// request (the client connected an instant before the drain and is sending it).
 async fn next_request<R: AsyncRead + Unpin>(
-    head: &mut Head<'_, R>,
-    lifeline: &mut Lifeline<'_, '_>,
+    head: &mut Head<R>,
+    lifeline: &mut Lifeline<'_, '_, '_>,
     served: bool,
 ) -> Next {
-    let Head {
-        reader,
-        buf,
-        phase,
-        max_head,
-    } = head;
-    let (phase, max_head) = (*phase, *max_head);
-    let Lifeline {
-        watchdog,
-        draining,
-        closing,
-    } = lifeline;
+    // The fields are used in place, not bound to locals: every binding kept across an
+    // `.await` takes room in each idle connection's task.
     loop {
         tokio::select! {
             biased;
-            r = next_head(reader, buf, phase, max_head) => return r.map_or(Next::Closed, Next::Head),
-            expired = watchdog.as_mut() => return Next::Expired(expired),
-            () = draining.started_wait(), if !closing.get() => {}
+            r = head.next() => return r.map_or(Next::Closed, Next::Head),
+            expired = lifeline.watchdog.as_mut() => return Next::Expired(expired),
+            () = lifeline.draining.started_wait(), if !lifeline.closing.get() => {}
         }
         // The drain has begun. (Not awaited inside `select!`, whose output, as large as
         // a request, would then take room in every connection's task.)
-        closing.set(true);
-        if buf.is_empty() && served {
+        lifeline.closing.set(true);
+        if head.buf.is_empty() && served {
             return Next::Closed;
         }
-        if buf.is_empty() {
-            let first =
-                tokio::time::timeout(FIRST_REQUEST_WAIT, next_head(reader, buf, phase, max_head));
-            match first.await {
+        if head.buf.is_empty() {
+            match tokio::time::timeout(FIRST_REQUEST_WAIT, head.next()).await {
                 Ok(r) => return r.map_or(Next::Closed, Next::Head),
-                Err(_) if buf.is_empty() => return Next::Closed,
+                Err(_) if head.buf.is_empty() => return Next::Closed,
                 Err(_) => {}
             }
         }
@@ -324,17 +321,26 @@ impl Closing {
 }
 
 /// The client's side of the connection: what it sends is kept in `buf` (while a request is
-/// served: a pipelined request), and its close ends the connection.
-struct Head<'a, R> {
-    reader: &'a mut R,
-    buf: &'a mut BytesMut,
+/// served: a pipelined request), and its close ends the connection. Owned, not borrowed
+/// from the connection's locals: every reference kept across an `.await` takes room in
+/// the connection's task.
+struct Head<R> {
+    reader: R,
+    buf: BytesMut,
     max_head: usize,
-    phase: &'a Phase,
+    phase: Arc<Phase>,
+}
+
+impl<R: AsyncRead + Unpin> Head<R> {
+    /// The next request head (see [`next_head`]).
+    fn next(&mut self) -> impl Future<Output = Option<Parsed>> + '_ {
+        next_head(&mut self.reader, &mut self.buf, &self.phase, self.max_head)
+    }
 }
 
 /// What may end a connection while it serves a request.
-struct Lifeline<'a, 't> {
-    watchdog: Pin<&'a mut Watchdog<'t>>,
+struct Lifeline<'w, 't, 'a> {
+    watchdog: Pin<&'w mut Watchdog<'t>>,
     draining: &'a Drain,
     closing: &'a Closing,
 }
@@ -352,33 +358,21 @@ enum Ended {
 /// that starts meanwhile marks the connection `closing`.
 async fn watch<R: AsyncRead + Unpin>(
     exchange: Pin<Box<impl Future<Output = bool>>>,
-    client: &mut Head<'_, R>,
-    lifeline: &mut Lifeline<'_, '_>,
+    client: &mut Head<R>,
+    lifeline: &mut Lifeline<'_, '_, '_>,
 ) -> Ended {
     let mut exchange = exchange;
-    let Lifeline {
-        watchdog,
-        draining,
-        closing,
-    } = lifeline;
-    let Head {
-        reader,
-        buf,
-        max_head,
-        phase,
-    } = client;
-    let (phase, max_head) = (*phase, *max_head);
     // The connection's first request has come: the drain needs no wait for it.
-    let mut drained = pin!(draining.started_wait());
+    let mut drained = pin!(lifeline.draining.started_wait());
     loop {
         tokio::select! {
             biased;
             again = exchange.as_mut() => return Ended::Done(again),
-            expired = watchdog.as_mut() => return Ended::Expired(expired),
-            _ = drained.as_mut(), if !closing.get() => closing.set(true),
-            read = read_into(reader, buf), if buf.len() <= max_head => match read {
+            expired = lifeline.watchdog.as_mut() => return Ended::Expired(expired),
+            _ = drained.as_mut(), if !lifeline.closing.get() => lifeline.closing.set(true),
+            read = read_into(&mut client.reader, &mut client.buf), if client.buf.len() <= client.max_head => match read {
                 Ok(0) | Err(_) => return Ended::ClientGone,
-                Ok(_) => phase.byte_read(),
+                Ok(_) => client.phase.byte_read(),
             },
         }
     }
