@@ -192,8 +192,8 @@ pub fn serve<S: Duplex, R: Respond>(
                 };
                 served = true;
                 if head.buf.is_empty() {
-                    // Nothing pipelined behind it: the buffer goes (the head keeps its part
-                    // alive until the request is done), and the idle connection holds none.
+                    // Nothing pipelined behind it: the buffer goes (the parsed request keeps
+                    // its part alive until it is done), and the idle connection holds none.
                     head.buf = BytesMut::new();
                 }
                 match watch(exchange, &mut head, &mut lifeline).await {
