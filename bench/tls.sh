@@ -7,7 +7,8 @@
 #   3. new TLS handshakes/s: one request per connection (wrk over https with
 #      `Connection: close`: every request is a new TCP connection and a full handshake)
 #
-# Prints req/s for each and the ratio kamal-proxy ÷ nginx. Knobs (optional):
+# Prints req/s for each and the ratio kamal-proxy ÷ nginx, then each proxy's CPU time per
+# request (its process's user + system time over the run). Knobs (optional):
 #   DURATION=10   seconds per run        KP_BIN=path   skip `cargo build --release`
 #   ROUNDS=3      rounds, alternating kamal-proxy and nginx; the median of each is reported
 #   KP_STDOUT=path   where kamal-proxy's access log goes; default a file in the run's temporary
@@ -118,20 +119,41 @@ wrk_rps() {
     sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' <<<"$out"
 }
 
+# CPU time a proxy spent per request: its process's user + system time over the run
+# (/proc/PID/stat), divided by the requests served. Where the load generator rather than
+# the proxy is the limit (new handshakes: the client's side of a handshake costs as much),
+# req/s shows the client; this shows what each request cost the proxy.
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx/proxy.pid")" | head -n 1)
+[[ -n "$NGINX_WORKER" ]] || { echo "nginx's worker process not found" >&2; exit 1; }
+
 declare -A R # "<target>,<metric>" -> space-separated req/s of every round
+declare -A C # "<target>,<metric>" -> space-separated CPU µs per request of every round
+measure() { # target metric load-function args...: one run, its req/s and CPU per request
+    local target=$1 metric=$2 pid=$KP_PID c0 rps
+    shift 2
+    [[ $target == nginx ]] && pid=$NGINX_WORKER
+    c0=$(cpu_ticks "$pid")
+    rps=$("$@")
+    R[$target,$metric]+="$rps "
+    C[$target,$metric]+="$(awk -v t=$(($(cpu_ticks "$pid") - c0)) -v us="$TICK_US" -v r="$rps" -v d="$DURATION" \
+        'BEGIN { if (r > 0) printf "%.1f", t * us / (r * d); else print 0 }') "
+}
 for ((round = 1; round <= ROUNDS; round++)); do
     order="kamal-proxy nginx"
     ((round % 2 == 0)) && order="nginx kamal-proxy"
     for target in $order; do
         port=$PORT_KP; [[ $target == nginx ]] && port=$PORT_NGINX
         url="https://localhost:$port/"
-        log "round $round/$ROUNDS $target: h2 c10 m10"; R[$target,h2]+="$(h2load_rps -c 10 -m 10 "$url") "
-        log "round $round/$ROUNDS $target: h1.1 over TLS c64"; R[$target,h1]+="$(h2load_rps --h1 -c 64 -m 1 "$url") "
-        log "round $round/$ROUNDS $target: new handshake per request c32"; R[$target,hs]+="$(wrk_rps 32 "$url") "
+        log "round $round/$ROUNDS $target: h2 c10 m10"; measure "$target" h2 h2load_rps -c 10 -m 10 "$url"
+        log "round $round/$ROUNDS $target: h1.1 over TLS c64"; measure "$target" h1 h2load_rps --h1 -c 64 -m 1 "$url"
+        log "round $round/$ROUNDS $target: new handshake per request c32"; measure "$target" hs wrk_rps 32 "$url"
     done
 done
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 for key in "${!R[@]}"; do R[$key]=$(median "${R[$key]}"); done
+for key in "${!C[@]}"; do C[$key]=$(median "${C[$key]}"); done
 RSS=$(awk '/VmRSS/ {print $2}' "/proc/$KP_PID/status" 2>/dev/null || echo "?")
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
@@ -143,5 +165,14 @@ for k in h2 h1 hs; do
         hs) name="new TLS handshakes/s (c32)" ;;
     esac
     printf '%-34s %14s %14s %8s\n' "$name" "${R[kamal-proxy,$k]}" "${R[nginx,$k]}" "$(ratio "${R[kamal-proxy,$k]}" "${R[nginx,$k]}")"
+done
+printf '\n%-34s %14s %14s %8s\n' "proxy CPU µs per request, median" kamal-proxy nginx ratio
+for k in h2 h1 hs; do
+    case $k in
+        h2) name="HTTP/2" ;;
+        h1) name="HTTP/1.1 over TLS" ;;
+        hs) name="new TLS handshake + request" ;;
+    esac
+    printf '%-34s %14s %14s %8s\n' "$name" "${C[kamal-proxy,$k]}" "${C[nginx,$k]}" "$(ratio "${C[kamal-proxy,$k]}" "${C[nginx,$k]}")"
 done
 printf 'kamal-proxy RSS after the runs: %s KiB; pinned: %s\n' "$RSS" "$PIN"

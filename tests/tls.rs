@@ -333,6 +333,60 @@ async fn handshake_without_sni_uses_the_default_tls_hostname() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn cipher_suites_are_chosen_in_go_s_order_not_the_client_s() {
+    use rustls::CipherSuite;
+    use rustls::crypto::aws_lc_rs::cipher_suite::*;
+    use rustls::version::{TLS12, TLS13};
+    use testkit::tls::negotiated_suite;
+    let backend = Backend::start("one").await;
+    let proxy = Proxy::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path(), "site", &["suites.test"]);
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                "--host=suites.test",
+                "--tls",
+                &format!("--tls-certificate-path={}", cert.display()),
+                &format!("--tls-private-key-path={}", key.display()),
+            ],
+        )
+        .await;
+    let port = proxy.https_port;
+    let suite = |suites, version| negotiated_suite(port, &pem, "suites.test", suites, version);
+    // OpenSSL's order (AES-256 first), as curl, wrk and most servers' HTTP clients send it.
+    let openssl13 = [
+        TLS13_AES_256_GCM_SHA384,
+        TLS13_CHACHA20_POLY1305_SHA256,
+        TLS13_AES_128_GCM_SHA256,
+    ];
+    assert_eq!(
+        suite(&openssl13, &TLS13).await,
+        CipherSuite::TLS13_AES_128_GCM_SHA256
+    );
+    let openssl12 = [
+        TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    ];
+    assert_eq!(
+        suite(&openssl12, &TLS12).await,
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+    );
+    // A client without AES-128 still gets what it offers, next in our order.
+    assert_eq!(
+        suite(&openssl13[..2], &TLS13).await,
+        CipherSuite::TLS13_AES_256_GCM_SHA384
+    );
+    assert_eq!(
+        suite(&[TLS13_CHACHA20_POLY1305_SHA256], &TLS13).await,
+        CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn tls_services_survive_a_restart() {
     let backend = Backend::start("one").await;
     let mut proxy = Proxy::start().await;

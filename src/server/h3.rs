@@ -40,6 +40,7 @@ pub fn bind(
         .with_cert_resolver(tcp_config.cert_resolver.clone());
     tls.alpn_protocols = vec![b"h3".to_vec()];
     tls.max_early_data_size = 0;
+    tls.ignore_client_order = tcp_config.ignore_client_order;
     let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
         .map_err(|e| format!("HTTP/3: {e}"))?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));

@@ -34,6 +34,8 @@ pub fn server_config(resolver: Arc<TlsResolver>) -> Arc<rustls::ServerConfig> {
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()];
+    // Our order of cipher suites, not the client's (see `crate::tls::provider`).
+    config.ignore_client_order = true;
     Arc::new(config)
 }
 

@@ -182,9 +182,28 @@ impl TlsContext {
 }
 
 /// aws-lc-rs, named explicitly: with dev-dependencies a second provider can be compiled
-/// in, and rustls then refuses to pick one implicitly.
+/// in, and rustls then refuses to pick one implicitly. Its cipher suites are listed in Go's
+/// order of preference (`crypto/tls`, which upstream serves with): AES-128-GCM before
+/// AES-256-GCM before ChaCha20-Poly1305. The listeners choose by this order, not the
+/// client's (`ignore_client_order`, as Go does), so a TLS 1.3 handshake's key schedule
+/// hashes with SHA-256, which x86-64 and arm64 CPUs compute with instructions of their
+/// own, rather than SHA-384: about a fifth of a new handshake's CPU time went to SHA-384's
+/// HMACs when OpenSSL clients (which list AES-256 first) had their way (bench/README.md).
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    use rustls::crypto::aws_lc_rs::cipher_suite::*;
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    provider.cipher_suites = vec![
+        TLS13_AES_128_GCM_SHA256,
+        TLS13_AES_256_GCM_SHA384,
+        TLS13_CHACHA20_POLY1305_SHA256,
+        TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+        TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ];
+    Arc::new(provider)
 }
 
 /// Names autocert accepts: at least one dot, no path separators.

@@ -33,6 +33,42 @@ pub async fn handshake(
         .expect("TLS handshake")
 }
 
+/// The cipher suite a TLS handshake with `port` on loopback settles on, for a client that
+/// offers `suites` in this order of preference over `version` (trusting only `pem`).
+pub async fn negotiated_suite(
+    port: u16,
+    pem: &str,
+    sni: &str,
+    suites: &[rustls::SupportedCipherSuite],
+    version: &'static rustls::SupportedProtocolVersion,
+) -> rustls::CipherSuite {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("PEM"))
+        .expect("root");
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    provider.cipher_suites = suites.to_vec();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[version])
+        .expect("protocol version")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let name = rustls_pki_types::ServerName::try_from(sni.to_string()).expect("server name");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    tls.get_ref()
+        .1
+        .negotiated_cipher_suite()
+        .expect("a suite once the handshake is over")
+        .suite()
+}
+
 /// An HTTP/2 connection over TLS to `port` on loopback (SNI `sni`, ALPN `h2`), and the
 /// task driving it, which ends when the server closes the connection.
 pub async fn h2(
