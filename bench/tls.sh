@@ -157,22 +157,16 @@ for key in "${!C[@]}"; do C[$key]=$(median "${C[$key]}"); done
 RSS=$(awk '/VmRSS/ {print $2}' "/proc/$KP_PID/status" 2>/dev/null || echo "?")
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-printf '\n%-34s %14s %14s %8s\n' "HTTPS, median of $ROUNDS x $DURATION s" kamal-proxy nginx ratio
-for k in h2 h1 hs; do
-    case $k in
-        h2) name="HTTP/2 req/s (c10 m10)" ;;
-        h1) name="HTTP/1.1 over TLS req/s (c64)" ;;
-        hs) name="new TLS handshakes/s (c32)" ;;
-    esac
-    printf '%-34s %14s %14s %8s\n' "$name" "${R[kamal-proxy,$k]}" "${R[nginx,$k]}" "$(ratio "${R[kamal-proxy,$k]}" "${R[nginx,$k]}")"
-done
-printf '\n%-34s %14s %14s %8s\n' "proxy CPU µs per request, median" kamal-proxy nginx ratio
-for k in h2 h1 hs; do
-    case $k in
-        h2) name="HTTP/2" ;;
-        h1) name="HTTP/1.1 over TLS" ;;
-        hs) name="new TLS handshake + request" ;;
-    esac
-    printf '%-34s %14s %14s %8s\n' "$name" "${C[kamal-proxy,$k]}" "${C[nginx,$k]}" "$(ratio "${C[kamal-proxy,$k]}" "${C[nginx,$k]}")"
-done
+table() { # title, the array ("R" or "C"), then the labels of the h2, h1 and handshake rows
+    local title=$1 labels=("$3" "$4" "$5") i=0 k
+    local -n values=$2
+    printf '\n%-34s %14s %14s %8s\n' "$title" kamal-proxy nginx ratio
+    for k in h2 h1 hs; do
+        printf '%-34s %14s %14s %8s\n' "${labels[i++]}" "${values[kamal-proxy,$k]}" "${values[nginx,$k]}" \
+            "$(ratio "${values[kamal-proxy,$k]}" "${values[nginx,$k]}")"
+    done
+}
+table "HTTPS, median of $ROUNDS x $DURATION s" R \
+    "HTTP/2 req/s (c10 m10)" "HTTP/1.1 over TLS req/s (c64)" "new TLS handshakes/s (c32)"
+table "proxy CPU µs per request, median" C "HTTP/2" "HTTP/1.1 over TLS" "new TLS handshake + request"
 printf 'kamal-proxy RSS after the runs: %s KiB; pinned: %s\n' "$RSS" "$PIN"
