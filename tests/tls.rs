@@ -333,7 +333,7 @@ async fn handshake_without_sni_uses_the_default_tls_hostname() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn cipher_suites_are_chosen_in_go_s_order_not_the_client_s() {
+async fn cipher_suites_are_chosen_in_go_s_order_and_by_go_s_rule_for_chacha20() {
     use rustls::CipherSuite;
     use rustls::crypto::aws_lc_rs::cipher_suite::*;
     use rustls::version::{TLS12, TLS13};
@@ -374,6 +374,26 @@ async fn cipher_suites_are_chosen_in_go_s_order_not_the_client_s() {
     assert_eq!(
         suite(&openssl12, &TLS12).await,
         CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+    );
+    // A client that lists ChaCha20 before AES-GCM (a device without AES instructions) gets
+    // ChaCha20, as Go's `aesgcmPreferred` decides.
+    let chacha13 = [
+        TLS13_CHACHA20_POLY1305_SHA256,
+        TLS13_AES_256_GCM_SHA384,
+        TLS13_AES_128_GCM_SHA256,
+    ];
+    assert_eq!(
+        suite(&chacha13, &TLS13).await,
+        CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+    );
+    let chacha12 = [
+        TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    ];
+    assert_eq!(
+        suite(&chacha12, &TLS12).await,
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
     );
     // A client without AES-128 still gets what it offers, next in our order.
     assert_eq!(

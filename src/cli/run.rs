@@ -347,7 +347,7 @@ async fn serve(args: RunArgs, workers: Workers) -> Result<(), String> {
         }
         Some(crate::server::h3::bind(
             https_port,
-            &tls_config,
+            &tls_config.aes_first,
             timeouts.idle,
         )?)
     } else {

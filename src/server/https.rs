@@ -27,22 +27,49 @@ use crate::tls::challenge::ACME_TLS_ALPN;
 /// listener timeout is shorter (as Go, which takes the shortest of them).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub fn server_config(resolver: Arc<TlsResolver>) -> Arc<rustls::ServerConfig> {
-    let mut config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
-        .with_safe_default_protocol_versions()
-        .unwrap_or_else(|_| rustls::ServerConfig::builder())
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()];
-    // Our order of cipher suites, not the client's (see `crate::tls::provider`).
-    config.ignore_client_order = true;
-    Arc::new(config)
+/// The HTTPS listener's TLS settings, in two orders of cipher suites (see
+/// `crate::tls::provider`): AES-GCM first, and ChaCha20-Poly1305 first for a client that
+/// lists it first (`crate::tls::prefers_chacha`), as Go chooses.
+pub struct TlsConfigs {
+    pub aes_first: Arc<rustls::ServerConfig>,
+    chacha_first: Arc<rustls::ServerConfig>,
+}
+
+impl TlsConfigs {
+    fn for_client(&self, hello: &rustls::server::ClientHello<'_>) -> Arc<rustls::ServerConfig> {
+        if crate::tls::prefers_chacha(hello.cipher_suites()) {
+            self.chacha_first.clone()
+        } else {
+            self.aes_first.clone()
+        }
+    }
+}
+
+pub fn server_config(resolver: Arc<TlsResolver>) -> TlsConfigs {
+    // One session cache for both: a client resumes whichever order its first handshake took.
+    let sessions = rustls::server::ServerSessionMemoryCache::new(256);
+    let config = |provider| {
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap_or_else(|_| rustls::ServerConfig::builder())
+            .with_no_client_auth()
+            .with_cert_resolver(resolver.clone());
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()];
+        // Our order of cipher suites, not the client's.
+        config.ignore_client_order = true;
+        config.session_storage = sessions.clone();
+        Arc::new(config)
+    };
+    TlsConfigs {
+        aes_first: config(crate::tls::provider()),
+        chacha_first: config(crate::tls::provider_chacha_first()),
+    }
 }
 
 /// What every HTTPS connection shares.
 pub struct Https {
     pub proxy: Arc<Proxy>,
-    pub config: Arc<rustls::ServerConfig>,
+    pub configs: TlsConfigs,
     /// `Alt-Svc` advertising HTTP/3, when it is served.
     pub alt_svc: Option<HeaderValue>,
     /// For its HTTP/1.1 connections.
@@ -52,11 +79,7 @@ pub struct Https {
 }
 
 impl Https {
-    pub fn new(
-        proxy: Arc<Proxy>,
-        config: Arc<rustls::ServerConfig>,
-        alt_svc: Option<HeaderValue>,
-    ) -> Arc<Https> {
+    pub fn new(proxy: Arc<Proxy>, configs: TlsConfigs, alt_svc: Option<HeaderValue>) -> Arc<Https> {
         let h1 = super::h1::Settings::new(&proxy.limits);
         let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         http2
@@ -69,7 +92,7 @@ impl Https {
             .fold(HANDSHAKE_TIMEOUT, Duration::min);
         Arc::new(Https {
             proxy,
-            config,
+            configs,
             alt_svc,
             h1,
             http2,
@@ -190,9 +213,8 @@ async fn handshake(mut stream: TcpStream, client: SocketAddr, https: &Https) -> 
         let sni = hello.server_name().map(str::to_string);
         prepare(&https.proxy.router, sni.as_deref()).await;
     }
-    let tls = match tokio::time::timeout(handshake_timeout, start.into_stream(https.config.clone()))
-        .await
-    {
+    let config = https.configs.for_client(&hello);
+    let tls = match tokio::time::timeout(handshake_timeout, start.into_stream(config)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             tracing::debug!(client = %client, error = %e, "TLS handshake error");

@@ -190,20 +190,56 @@ impl TlsContext {
 /// own, rather than SHA-384: about a fifth of a new handshake's CPU time went to SHA-384's
 /// HMACs when OpenSSL clients (which list AES-256 first) had their way (bench/README.md).
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    use rustls::crypto::aws_lc_rs::cipher_suite::*;
-    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
-    provider.cipher_suites = vec![
-        TLS13_AES_128_GCM_SHA256,
-        TLS13_AES_256_GCM_SHA384,
-        TLS13_CHACHA20_POLY1305_SHA256,
-        TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
-        TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
-        TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
-        TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
-        TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
-        TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
-    ];
-    Arc::new(provider)
+    with_suites(AES_FIRST.to_vec())
+}
+
+/// As [`provider`], ChaCha20-Poly1305 first: Go's order for a client that lists it before
+/// AES-GCM (see [`prefers_chacha`]).
+pub fn provider_chacha_first() -> Arc<rustls::crypto::CryptoProvider> {
+    let (chacha, aes): (Vec<_>, Vec<_>) = AES_FIRST.iter().partition(|s| is_chacha(s.suite()));
+    with_suites(chacha.into_iter().chain(aes).collect())
+}
+
+/// Whether a client's suites, in its order of preference, name ChaCha20-Poly1305 before
+/// AES-GCM: a device without AES instructions, for which Go (`aesgcmPreferred`) puts
+/// ChaCha20 first. Suites we do not serve are skipped.
+pub fn prefers_chacha(offered: &[rustls::CipherSuite]) -> bool {
+    offered
+        .iter()
+        .find(|offered| AES_FIRST.iter().any(|ours| ours.suite() == **offered))
+        .is_some_and(|first| is_chacha(*first))
+}
+
+use rustls::crypto::aws_lc_rs::cipher_suite::*;
+const AES_FIRST: [rustls::SupportedCipherSuite; 9] = [
+    TLS13_AES_128_GCM_SHA256,
+    TLS13_AES_256_GCM_SHA384,
+    TLS13_CHACHA20_POLY1305_SHA256,
+    TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+    TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+    TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+];
+
+fn is_chacha(suite: rustls::CipherSuite) -> bool {
+    use rustls::CipherSuite as S;
+    matches!(
+        suite,
+        S::TLS13_CHACHA20_POLY1305_SHA256
+            | S::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+            | S::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256
+    )
+}
+
+fn with_suites(
+    cipher_suites: Vec<rustls::SupportedCipherSuite>,
+) -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::CryptoProvider {
+        cipher_suites,
+        ..rustls::crypto::aws_lc_rs::default_provider()
+    })
 }
 
 /// Names autocert accepts: at least one dot, no path separators.
@@ -215,6 +251,35 @@ pub fn acme_name_ok(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chacha20_is_preferred_only_when_the_client_lists_it_before_aes_gcm() {
+        use rustls::CipherSuite as S;
+        // Suites we do not serve (CBC, a GREASE value) are skipped, as Go skips unknown ones.
+        let chacha_first = [
+            S::Unknown(0x0a0a),
+            S::TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA,
+            S::TLS13_CHACHA20_POLY1305_SHA256,
+            S::TLS13_AES_128_GCM_SHA256,
+        ];
+        assert!(prefers_chacha(&chacha_first));
+        let aes_first = [
+            S::TLS13_AES_256_GCM_SHA384,
+            S::TLS13_CHACHA20_POLY1305_SHA256,
+        ];
+        assert!(!prefers_chacha(&aes_first));
+        assert!(!prefers_chacha(&[S::TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA]));
+        assert!(!prefers_chacha(&[]));
+        // The ChaCha-first provider keeps every suite, ChaCha20's first.
+        let suites: Vec<_> = provider_chacha_first()
+            .cipher_suites
+            .iter()
+            .map(|s| s.suite())
+            .collect();
+        assert_eq!(suites.len(), provider().cipher_suites.len());
+        assert!(suites[..3].iter().all(|s| is_chacha(*s)));
+        assert_eq!(suites[3], S::TLS13_AES_128_GCM_SHA256);
+    }
 
     #[test]
     fn the_default_cache_is_under_the_server_s_data_dir_and_an_explicit_one_is_kept() {
