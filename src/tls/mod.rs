@@ -210,18 +210,22 @@ pub fn prefers_chacha(offered: &[rustls::CipherSuite]) -> bool {
         .is_some_and(|first| is_chacha(*first))
 }
 
-use rustls::crypto::aws_lc_rs::cipher_suite::*;
-const AES_FIRST: [rustls::SupportedCipherSuite; 9] = [
-    TLS13_AES_128_GCM_SHA256,
-    TLS13_AES_256_GCM_SHA384,
-    TLS13_CHACHA20_POLY1305_SHA256,
-    TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
-    TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
-    TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
-    TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
-    TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
-    TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
-];
+/// Go's order (`cipherSuitesPreferenceOrder`, `defaultCipherSuitesTLS13`), of the suites
+/// aws-lc-rs offers.
+const AES_FIRST: [rustls::SupportedCipherSuite; 9] = {
+    use rustls::crypto::aws_lc_rs::cipher_suite as suite;
+    [
+        suite::TLS13_AES_128_GCM_SHA256,
+        suite::TLS13_AES_256_GCM_SHA384,
+        suite::TLS13_CHACHA20_POLY1305_SHA256,
+        suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        suite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        suite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+        suite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        suite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ]
+};
 
 fn is_chacha(suite: rustls::CipherSuite) -> bool {
     use rustls::CipherSuite as S;
