@@ -31,6 +31,7 @@ use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -38,6 +39,7 @@ use super::chunk_guard::ChunkGuard;
 use super::h1_timeouts::{Expired, Noted, Phase, ResponseOver, Watchdog};
 use super::idle::Counted;
 use super::limits::Timeouts;
+use super::shutdown::DrainWait;
 use super::shutdown::FIRST_REQUEST_WAIT;
 use super::{Drain, FirstRequest, Proxy, handle, log_expired};
 use crate::proxy::body::{ClientBody, ResponseBody};
@@ -275,31 +277,43 @@ enum Next {
 /// Waits for the next request head. A drain closes an idle connection at once; a
 /// connection that has served nothing yet gets [`FIRST_REQUEST_WAIT`] for its first
 /// request (the client connected an instant before the drain and is sending it).
-async fn next_request<R: AsyncRead + Unpin>(
-    head: &mut Head<R>,
-    lifeline: &mut Lifeline<'_, '_, '_>,
+///
+/// Not an `async fn`, which would keep its arguments twice in every idle connection's
+/// task (see [`serve`]).
+#[allow(clippy::manual_async_fn)]
+fn next_request<'a, 'l, R: AsyncRead + Unpin>(
+    head: &'a mut Head<R>,
+    lifeline: &'a mut Lifeline<'_, '_, 'l>,
     served: bool,
-) -> Next {
+) -> impl Future<Output = Next> + 'a {
     // The fields are used in place, not bound to locals: every binding kept across an
     // `.await` takes room in each idle connection's task.
-    loop {
-        tokio::select! {
-            biased;
-            r = head.next() => return r.map_or(Next::Closed, Next::Head),
-            expired = lifeline.watchdog.as_mut() => return Next::Expired(expired),
-            () = lifeline.draining.started_wait(), if !lifeline.closing.get() => {}
-        }
-        // The drain has begun. (Not awaited inside `select!`, whose output, as large as
-        // a request, would then take room in every connection's task.)
-        lifeline.closing.set(true);
-        if head.buf.is_empty() && served {
-            return Next::Closed;
-        }
-        if head.buf.is_empty() {
-            match tokio::time::timeout(FIRST_REQUEST_WAIT, head.next()).await {
-                Ok(r) => return r.map_or(Next::Closed, Next::Head),
-                Err(_) if head.buf.is_empty() => return Next::Closed,
-                Err(_) => {}
+    async move {
+        loop {
+            let draining: &'l Drain = lifeline.draining;
+            let drained = draining.started_wait();
+            let wait = HeadWait {
+                head: &mut *head,
+                lifeline: &mut *lifeline,
+                drained,
+            };
+            if let Some(next) = wait.await {
+                return next;
+            }
+            // The drain has begun. (Not awaited inside the wait, whose output, as large as
+            // a request, would then take room in every connection's task.)
+            lifeline.closing.set(true);
+            if head.buf.is_empty() && served {
+                return Next::Closed;
+            }
+            if head.buf.is_empty() {
+                // Boxed: only a drain waits here, and an unboxed timer would take room in
+                // every connection's task.
+                match Box::pin(tokio::time::timeout(FIRST_REQUEST_WAIT, head.next())).await {
+                    Ok(r) => return r.map_or(Next::Closed, Next::Head),
+                    Err(_) if head.buf.is_empty() => return Next::Closed,
+                    Err(_) => {}
+                }
             }
         }
     }
@@ -332,9 +346,29 @@ struct Head<R> {
 }
 
 impl<R: AsyncRead + Unpin> Head<R> {
-    /// The next request head (see [`next_head`]).
+    /// The next request head (see [`Head::poll_next`]). A poll function over the
+    /// connection's own fields, not an `async fn`: its future is one reference, where an
+    /// `async fn` kept its arguments twice and its read's future beside them (112 bytes
+    /// of every idle connection's task).
     fn next(&mut self) -> impl Future<Output = Option<Parsed>> + '_ {
-        next_head(&mut self.reader, &mut self.buf, &self.phase, self.max_head)
+        std::future::poll_fn(move |cx| self.poll_next(cx))
+    }
+
+    /// Reads until `buf` holds a whole request head. `None`: the client closed or the
+    /// read failed.
+    fn poll_next(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Option<Parsed>> {
+        loop {
+            if !self.buf.is_empty() {
+                match request::parse(&mut self.buf, self.max_head) {
+                    Parsed::Partial => {}
+                    parsed => return Poll::Ready(Some(parsed)),
+                }
+            }
+            match std::task::ready!(poll_read_into(cx, &mut self.reader, &mut self.buf)) {
+                Ok(0) | Err(_) => return Poll::Ready(None),
+                Ok(_) => self.phase.byte_read(),
+            }
+        }
     }
 }
 
@@ -356,69 +390,115 @@ enum Ended {
 /// Runs an exchange to its end. The watchdog may close the connection first, and so may
 /// the client (hyper, too, drops the request in flight when its client goes); a drain
 /// that starts meanwhile marks the connection `closing`.
-async fn watch<R: AsyncRead + Unpin>(
-    exchange: Pin<Box<impl Future<Output = bool>>>,
-    client: &mut Head<R>,
-    lifeline: &mut Lifeline<'_, '_, '_>,
-) -> Ended {
-    let mut exchange = exchange;
-    // The connection's first request has come: the drain needs no wait for it.
-    let mut drained = pin!(lifeline.draining.started_wait());
-    loop {
-        tokio::select! {
-            biased;
-            again = exchange.as_mut() => return Ended::Done(again),
-            expired = lifeline.watchdog.as_mut() => return Ended::Expired(expired),
-            _ = drained.as_mut(), if !lifeline.closing.get() => lifeline.closing.set(true),
-            read = read_into(&mut client.reader, &mut client.buf), if client.buf.len() <= client.max_head => match read {
-                Ok(0) | Err(_) => return Ended::ClientGone,
-                Ok(_) => client.phase.byte_read(),
-            },
-        }
+///
+/// Not an `async fn`, which would keep its arguments twice in every connection's task
+/// (see [`serve`]).
+fn watch<'a, 'w, 't, 'l, R: AsyncRead + Unpin, F: Future<Output = bool>>(
+    exchange: Pin<Box<F>>,
+    client: &'a mut Head<R>,
+    lifeline: &'a mut Lifeline<'w, 't, 'l>,
+) -> Watch<'a, 'w, 't, 'l, R, F> {
+    let draining: &'l Drain = lifeline.draining;
+    Watch {
+        // The connection's first request has come: the drain needs no wait for it.
+        drained: draining.started_wait(),
+        exchange,
+        client,
+        lifeline,
     }
 }
 
-/// One read from the client into `buf`.
-async fn read_into(reader: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) -> io::Result<usize> {
+// The waits of an idle connection and of a request in flight, each as one struct rather
+// than an `async` block around a `select!`: every connection's task is as large as the
+// larger of the two, and the block kept its arguments twice, the `select!` its futures
+// and a poll function beside them (176 bytes for the exchange's, 104 now).
+pin_project_lite::pin_project! {
+    /// The next request head, or what ends an idle connection first (the watchdog, and
+    /// the drain unless `closing` already). `None`: the drain has begun.
+    struct HeadWait<'a, 'w, 't, 'l, R> {
+        head: &'a mut Head<R>,
+        lifeline: &'a mut Lifeline<'w, 't, 'l>,
+        #[pin]
+        drained: DrainWait<'l>,
+    }
+}
+
+impl<R: AsyncRead + Unpin> Future for HeadWait<'_, '_, '_, '_, R> {
+    type Output = Option<Next>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Next>> {
+        let this = self.project();
+        if let Poll::Ready(r) = this.head.poll_next(cx) {
+            return Poll::Ready(Some(r.map_or(Next::Closed, Next::Head)));
+        }
+        // The watchdog right after the reader: it sees what the read did.
+        if let Poll::Ready(expired) = this.lifeline.watchdog.as_mut().poll(cx) {
+            return Poll::Ready(Some(Next::Expired(expired)));
+        }
+        if !this.lifeline.closing.get() && this.drained.poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`watch`].
+    struct Watch<'a, 'w, 't, 'l, R, F> {
+        exchange: Pin<Box<F>>,
+        client: &'a mut Head<R>,
+        lifeline: &'a mut Lifeline<'w, 't, 'l>,
+        #[pin]
+        drained: DrainWait<'l>,
+    }
+}
+
+impl<R: AsyncRead + Unpin, F: Future<Output = bool>> Future for Watch<'_, '_, '_, '_, R, F> {
+    type Output = Ended;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Ended> {
+        let mut this = self.project();
+        if let Poll::Ready(again) = this.exchange.as_mut().poll(cx) {
+            return Poll::Ready(Ended::Done(again));
+        }
+        if let Poll::Ready(expired) = this.lifeline.watchdog.as_mut().poll(cx) {
+            return Poll::Ready(Ended::Expired(expired));
+        }
+        if !this.lifeline.closing.get() && this.drained.as_mut().poll(cx).is_ready() {
+            this.lifeline.closing.set(true);
+        }
+        // A pipelined request is kept (up to a head's worth); a close ends the exchange.
+        let client = &mut **this.client;
+        while client.buf.len() <= client.max_head {
+            match poll_read_into(cx, &mut client.reader, &mut client.buf) {
+                Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Ended::ClientGone),
+                Poll::Ready(Ok(_)) => client.phase.byte_read(),
+                Poll::Pending => break,
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// Polls one read from the client into `buf`.
+fn poll_read_into(
+    cx: &mut std::task::Context<'_>,
+    reader: &mut (impl AsyncRead + Unpin),
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
     // Through the thread's buffer: the connection's own is as large as what came (usually
     // a head of a few hundred bytes, where an 8 KiB buffer per request cost about 1,200
     // instructions to allocate and free). Through `poll_read`, which after a short read
     // takes the socket as drained: the next read waits for the next readiness event
     // instead of asking the kernel for an EAGAIN.
-    std::future::poll_fn(|cx| {
-        SCRATCH.with_borrow_mut(|scratch| {
-            let mut into = tokio::io::ReadBuf::new(&mut scratch[..]);
-            let polled = Pin::new(&mut *reader).poll_read(cx, &mut into);
-            if polled.is_ready() {
-                buf.extend_from_slice(into.filled());
-            }
-            polled.map_ok(|()| into.filled().len())
-        })
+    SCRATCH.with_borrow_mut(|scratch| {
+        let mut into = tokio::io::ReadBuf::new(&mut scratch[..]);
+        let polled = Pin::new(&mut *reader).poll_read(cx, &mut into);
+        if polled.is_ready() {
+            buf.extend_from_slice(into.filled());
+        }
+        polled.map_ok(|()| into.filled().len())
     })
-    .await
-}
-
-/// Reads until `buf` holds a whole request head. `None`: the client closed or the read
-/// failed.
-async fn next_head(
-    stream: &mut (impl AsyncRead + Unpin),
-    buf: &mut BytesMut,
-    phase: &Phase,
-    max_head: usize,
-) -> Option<Parsed> {
-    loop {
-        if !buf.is_empty() {
-            match request::parse(buf, max_head) {
-                Parsed::Partial => {}
-                parsed => return Some(parsed),
-            }
-        }
-        let read = read_into(stream, buf).await;
-        match read {
-            Ok(0) | Err(_) => return None,
-            Ok(_) => phase.byte_read(),
-        }
-    }
 }
 
 /// What the connection carries over to hyper.
