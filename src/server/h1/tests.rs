@@ -310,6 +310,14 @@ impl super::Respond for Ok200 {
 async fn served(
     drain: &crate::server::Drain,
 ) -> (tokio::net::TcpStream, tokio::task::JoinHandle<()>) {
+    served_by(Ok200, drain).await
+}
+
+/// A connection served by ours on a real socket with `respond`, and its client's end.
+async fn served_by(
+    respond: impl super::Respond,
+    drain: &crate::server::Drain,
+) -> (tokio::net::TcpStream, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
         .await
@@ -329,7 +337,7 @@ async fn served(
         client: peer,
         tls: false,
     };
-    let serving = tokio::spawn(super::serve(stream, conn, Ok200, settings, drain.clone()));
+    let serving = tokio::spawn(super::serve(stream, conn, respond, settings, drain.clone()));
     (client, serving)
 }
 
@@ -363,5 +371,80 @@ async fn a_drain_closes_an_idle_connection_and_serves_a_first_request_on_its_way
     assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
     assert!(out.contains("connection: close\r\n"), "{out}");
     assert!(out.ends_with("\r\n\r\nok"), "{out}");
+    serving.await.unwrap();
+}
+
+/// Says when a request has come (`started`), and answers it with `ok` once `open` is
+/// notified.
+#[derive(Clone, Default)]
+struct Held {
+    started: std::sync::Arc<tokio::sync::Notify>,
+    open: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl super::Respond for Held {
+    async fn respond(
+        &self,
+        _request: http::Request<crate::proxy::body::ClientBody>,
+        _conn: crate::service::Conn,
+    ) -> Response<crate::proxy::body::ResponseBody> {
+        self.started.notify_one();
+        self.open.notified().await;
+        Response::new(crate::proxy::body::ResponseBody::full("ok"))
+    }
+}
+
+/// Reads from `client` until `answers` holds `count` whole `ok` answers.
+async fn read_answers(client: &mut tokio::net::TcpStream, answers: &mut String, count: usize) {
+    let mut buf = vec![0; 4096];
+    while answers.matches("\r\n\r\nok").count() < count {
+        let n = client.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed early: {answers}");
+        answers.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+    }
+}
+
+#[tokio::test]
+async fn a_drain_during_a_request_lets_it_finish_saying_close_and_a_pipelined_one_waits_its_turn() {
+    // A request in flight when the drain begins: its answer says `close`, and the
+    // connection ends after it.
+    let drain = crate::server::Drain::default();
+    let held = Held::default();
+    let (mut client, serving) = served_by(held.clone(), &drain).await;
+    client.write_all(GET).await.unwrap();
+    held.started.notified().await;
+    drain.start();
+    tokio::task::yield_now().await;
+    held.open.notify_one();
+    let mut out = Vec::new();
+    client.read_to_end(&mut out).await.unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    assert!(out.contains("connection: close\r\n"), "{out}");
+    assert!(out.ends_with("\r\n\r\nok"), "{out}");
+    serving.await.unwrap();
+
+    // Without a drain, a request sent while another is in flight waits beside it and is
+    // answered after it, on the same connection.
+    let drain = crate::server::Drain::default();
+    let held = Held::default();
+    let (mut client, serving) = served_by(held.clone(), &drain).await;
+    client.write_all(GET).await.unwrap();
+    held.started.notified().await;
+    client.write_all(GET).await.unwrap();
+    held.open.notify_one();
+    let mut answers = String::new();
+    read_answers(&mut client, &mut answers, 1).await;
+    held.started.notified().await;
+    held.open.notify_one();
+    read_answers(&mut client, &mut answers, 2).await;
+    assert_eq!(
+        answers.matches("HTTP/1.1 200 OK\r\n").count(),
+        2,
+        "{answers}"
+    );
+    assert!(!answers.contains("connection: close"), "{answers}");
+    // The client's close ends the idle connection.
+    drop(client);
     serving.await.unwrap();
 }
