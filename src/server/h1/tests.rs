@@ -343,6 +343,18 @@ async fn served_by(
 
 const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n";
 
+/// Reads the connection to its end: one `ok` answer that says `close`, then the close,
+/// and the connection's task is over.
+async fn last_answer(mut client: tokio::net::TcpStream, serving: tokio::task::JoinHandle<()>) {
+    let mut out = Vec::new();
+    client.read_to_end(&mut out).await.unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    assert!(out.contains("connection: close\r\n"), "{out}");
+    assert!(out.ends_with("\r\n\r\nok"), "{out}");
+    serving.await.unwrap();
+}
+
 #[tokio::test]
 async fn a_drain_closes_an_idle_connection_and_serves_a_first_request_on_its_way() {
     // Served once, idle when the drain begins: closed at once.
@@ -365,13 +377,7 @@ async fn a_drain_closes_an_idle_connection_and_serves_a_first_request_on_its_way
     drain.start();
     tokio::task::yield_now().await;
     client.write_all(GET).await.unwrap();
-    let mut out = Vec::new();
-    client.read_to_end(&mut out).await.unwrap();
-    let out = String::from_utf8(out).unwrap();
-    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
-    assert!(out.contains("connection: close\r\n"), "{out}");
-    assert!(out.ends_with("\r\n\r\nok"), "{out}");
-    serving.await.unwrap();
+    last_answer(client, serving).await;
 }
 
 /// Says when a request has come (`started`), and answers it with `ok` once `open` is
@@ -416,13 +422,7 @@ async fn a_drain_during_a_request_lets_it_finish_saying_close_and_a_pipelined_on
     drain.start();
     tokio::task::yield_now().await;
     held.open.notify_one();
-    let mut out = Vec::new();
-    client.read_to_end(&mut out).await.unwrap();
-    let out = String::from_utf8(out).unwrap();
-    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
-    assert!(out.contains("connection: close\r\n"), "{out}");
-    assert!(out.ends_with("\r\n\r\nok"), "{out}");
-    serving.await.unwrap();
+    last_answer(client, serving).await;
 
     // Without a drain, a request sent while another is in flight waits beside it and is
     // answered after it, on the same connection.
