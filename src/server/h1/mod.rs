@@ -151,17 +151,20 @@ pub fn serve<S: Duplex, R: Respond>(
             let watchdog = Watchdog::new(phase.clone(), &settings.timeouts);
             (phase, watchdog)
         };
-        let watchdog = pin!(watchdog);
+        let mut watchdog = pin!(watchdog);
         let closing = Closing::default();
         let mut served = false;
-        // The connection's state between requests, in as few places as it fits: each
-        // binding kept across an `.await` takes room in every connection's task.
-        let mut lifeline = Lifeline {
-            watchdog,
-            draining: &draining,
-            closing: &closing,
-        };
         let (phase, buf) = {
+            // Registered with the drain once for the connection's life, not once a request
+            // (each registration takes the drain's lock twice, to join its list and leave).
+            let drained = pin!(draining.started_wait());
+            // The connection's state between requests, in as few places as it fits: each
+            // binding kept across an `.await` takes room in every connection's task.
+            let mut lifeline = Lifeline {
+                watchdog: watchdog.as_mut(),
+                drained,
+                closing: &closing,
+            };
             let (reader, mut writer) = stream.halves();
             let mut head = Head {
                 reader,
@@ -217,7 +220,6 @@ pub fn serve<S: Duplex, R: Respond>(
             (head.phase, head.buf)
         };
         // A request ours does not take: hyper serves the rest of the connection.
-        let watchdog = lifeline.watchdog;
         let first = Arc::new(FirstRequest::default());
         if served {
             first.mark();
@@ -281,21 +283,18 @@ enum Next {
 /// Not an `async fn`, which would keep its arguments twice in every idle connection's
 /// task (see [`serve`]).
 #[allow(clippy::manual_async_fn)]
-fn next_request<'a, 'l, R: AsyncRead + Unpin>(
+fn next_request<'a, R: AsyncRead + Unpin>(
     head: &'a mut Head<R>,
-    lifeline: &'a mut Lifeline<'_, '_, 'l>,
+    lifeline: &'a mut Lifeline<'_, '_, '_, '_>,
     served: bool,
 ) -> impl Future<Output = Next> + 'a {
     // The fields are used in place, not bound to locals: every binding kept across an
     // `.await` takes room in each idle connection's task.
     async move {
         loop {
-            let draining: &'l Drain = lifeline.draining;
-            let drained = draining.started_wait();
             let wait = HeadWait {
                 head: &mut *head,
                 lifeline: &mut *lifeline,
-                drained,
             };
             if let Some(next) = wait.await {
                 return next;
@@ -372,11 +371,11 @@ impl<R: AsyncRead + Unpin> Head<R> {
     }
 }
 
-/// What may end a connection while it serves a request.
-struct Lifeline<'w, 't, 'a> {
+/// What may end a connection, idle or serving a request.
+struct Lifeline<'w, 't, 'd, 'l> {
     watchdog: Pin<&'w mut Watchdog<'t>>,
-    draining: &'a Drain,
-    closing: &'a Closing,
+    drained: Pin<&'d mut DrainWait<'l>>,
+    closing: &'l Closing,
 }
 
 enum Ended {
@@ -393,15 +392,12 @@ enum Ended {
 ///
 /// Not an `async fn`, which would keep its arguments twice in every connection's task
 /// (see [`serve`]).
-fn watch<'a, 'w, 't, 'l, R: AsyncRead + Unpin, F: Future<Output = bool>>(
+fn watch<'a, 'w, 't, 'd, 'l, R: AsyncRead + Unpin, F: Future<Output = bool>>(
     exchange: Pin<Box<F>>,
     client: &'a mut Head<R>,
-    lifeline: &'a mut Lifeline<'w, 't, 'l>,
-) -> Watch<'a, 'w, 't, 'l, R, F> {
-    let draining: &'l Drain = lifeline.draining;
+    lifeline: &'a mut Lifeline<'w, 't, 'd, 'l>,
+) -> Watch<'a, 'w, 't, 'd, 'l, R, F> {
     Watch {
-        // The connection's first request has come: the drain needs no wait for it.
-        drained: draining.started_wait(),
         exchange,
         client,
         lifeline,
@@ -413,23 +409,20 @@ fn watch<'a, 'w, 't, 'l, R: AsyncRead + Unpin, F: Future<Output = bool>>(
 // of the two, and the `async fn` kept its arguments twice, the `select!` its futures and a
 // poll function beside them (224 bytes for the exchange's wait, 104 now; 264 and 120 for
 // the head's, whose drain-time timer is boxed). The connection's task went from 768 to
-// 640 bytes (bench/README.md, "Ninth round").
-pin_project_lite::pin_project! {
-    /// The next request head, or what ends an idle connection first (the watchdog, and
-    /// the drain unless `closing` already). `None`: the drain has begun.
-    struct HeadWait<'a, 'w, 't, 'l, R> {
-        head: &'a mut Head<R>,
-        lifeline: &'a mut Lifeline<'w, 't, 'l>,
-        #[pin]
-        drained: DrainWait<'l>,
-    }
+// 640 bytes (bench/README.md, "Ninth round"). Both poll the connection's one registration
+// with the drain, which lives in `Lifeline`.
+/// The next request head, or what ends an idle connection first (the watchdog, and the
+/// drain unless `closing` already). `None`: the drain has begun.
+struct HeadWait<'a, 'w, 't, 'd, 'l, R> {
+    head: &'a mut Head<R>,
+    lifeline: &'a mut Lifeline<'w, 't, 'd, 'l>,
 }
 
-impl<R: AsyncRead + Unpin> Future for HeadWait<'_, '_, '_, '_, R> {
+impl<R: AsyncRead + Unpin> Future for HeadWait<'_, '_, '_, '_, '_, R> {
     type Output = Option<Next>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Next>> {
-        let this = self.project();
+        let this = self.get_mut();
         if let Poll::Ready(r) = this.head.poll_next(cx) {
             return Poll::Ready(Some(r.map_or(Next::Closed, Next::Head)));
         }
@@ -437,40 +430,36 @@ impl<R: AsyncRead + Unpin> Future for HeadWait<'_, '_, '_, '_, R> {
         if let Poll::Ready(expired) = this.lifeline.watchdog.as_mut().poll(cx) {
             return Poll::Ready(Some(Next::Expired(expired)));
         }
-        if !this.lifeline.closing.get() && this.drained.poll(cx).is_ready() {
+        if !this.lifeline.closing.get() && this.lifeline.drained.as_mut().poll(cx).is_ready() {
             return Poll::Ready(None);
         }
         Poll::Pending
     }
 }
 
-pin_project_lite::pin_project! {
-    /// See [`watch`].
-    struct Watch<'a, 'w, 't, 'l, R, F> {
-        exchange: Pin<Box<F>>,
-        client: &'a mut Head<R>,
-        lifeline: &'a mut Lifeline<'w, 't, 'l>,
-        #[pin]
-        drained: DrainWait<'l>,
-    }
+/// See [`watch`].
+struct Watch<'a, 'w, 't, 'd, 'l, R, F> {
+    exchange: Pin<Box<F>>,
+    client: &'a mut Head<R>,
+    lifeline: &'a mut Lifeline<'w, 't, 'd, 'l>,
 }
 
-impl<R: AsyncRead + Unpin, F: Future<Output = bool>> Future for Watch<'_, '_, '_, '_, R, F> {
+impl<R: AsyncRead + Unpin, F: Future<Output = bool>> Future for Watch<'_, '_, '_, '_, '_, R, F> {
     type Output = Ended;
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Ended> {
-        let mut this = self.project();
+        let this = self.get_mut();
         if let Poll::Ready(again) = this.exchange.as_mut().poll(cx) {
             return Poll::Ready(Ended::Done(again));
         }
         if let Poll::Ready(expired) = this.lifeline.watchdog.as_mut().poll(cx) {
             return Poll::Ready(Ended::Expired(expired));
         }
-        if !this.lifeline.closing.get() && this.drained.as_mut().poll(cx).is_ready() {
+        if !this.lifeline.closing.get() && this.lifeline.drained.as_mut().poll(cx).is_ready() {
             this.lifeline.closing.set(true);
         }
         // A pipelined request is kept (up to a head's worth); a close ends the exchange.
-        let client = &mut **this.client;
+        let client = &mut *this.client;
         while client.buf.len() <= client.max_head {
             match poll_read_into(cx, &mut client.reader, &mut client.buf) {
                 Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Ended::ClientGone),
