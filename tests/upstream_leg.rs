@@ -269,6 +269,50 @@ async fn target_max_conns_bounds_the_connections_the_target_sees() {
     assert_eq!(app.max_open_connections(), 2);
 }
 
+/// `--target-timeout` is the target's time to answer once it has the request: a request
+/// that waits at `--target-max-conns` longer than that, with a body or without (hyper's
+/// connections and ours), is still answered once a connection comes free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_wait_for_a_connection_at_the_limit_is_not_the_target_s_time_to_answer() {
+    let app = FlakyBackend::start().await;
+    let proxy = Proxy::start_with(&["--debug"], &[]).await;
+    proxy
+        .deploy(
+            "app",
+            &app.target(),
+            &[
+                "--target-max-conns=1",
+                "--target-timeout=300ms",
+                "--path-timeout=/held=30s",
+            ],
+        )
+        .await;
+    app.hold(true);
+    let send = |method: reqwest::Method, path: &str, body: &str| {
+        let request = client()
+            .request(method, proxy.url(path))
+            .body(body.to_owned());
+        tokio::spawn(async move { request.send().await.expect("request").status().as_u16() })
+    };
+    let first = send(reqwest::Method::GET, "/held", "");
+    app.wait_held(1).await;
+    let get = send(reqwest::Method::GET, "/queued", "");
+    let post = send(reqwest::Method::POST, "/queued", "hello");
+    poll_log_count(&proxy, "Waiting for a connection to the target", 2).await;
+    // Both wait for the one connection for twice the target timeout.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    app.release();
+    for (name, task) in [("first", first), ("get", get), ("post", post)] {
+        let got = task.await;
+        assert!(
+            matches!(got, Ok(200)),
+            "{name}: {got:?}\n{}",
+            proxy.logs().join("\n")
+        );
+    }
+    assert_eq!(app.requests().len(), 3);
+}
+
 async fn poll_log_count(proxy: &Proxy, msg: &str, n: usize) {
     testkit::poll_until(
         &format!("{n} log lines {msg:?}"),

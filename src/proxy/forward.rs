@@ -168,11 +168,11 @@ impl Forwarder {
         pools: &'a Pools,
         reuse: Reuse,
         req: Request<RequestBody>,
-        checked_out: Option<tokio::sync::oneshot::Sender<()>>,
+        answer_within: Option<Duration>,
         target: &'a str,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + Send + 'a {
         async move {
-            let mut failed = match pools.send(req, reuse, checked_out).await {
+            let mut failed = match pools.send(req, reuse, answer_within).await {
                 Ok(r) => return Ok(r),
                 Err(e) => e,
             };
@@ -193,7 +193,7 @@ impl Forwarder {
                 "Resending request on a new connection"
             );
             pools
-                .send(again, Reuse::Fresh, None)
+                .send(again, Reuse::Fresh, answer_within)
                 .await
                 .map_err(|error| SendError {
                     error: error.into(),
@@ -229,7 +229,7 @@ impl Forwarder {
             let again = (up.may_retry
                 && retry::may_try_elsewhere(&method, incoming.is_end_stream(), upgrade.is_some()))
             .then(|| Replay::of(&parts));
-            let mut body = if opts.buffer_requests && upgrade.is_none() {
+            let body = if opts.buffer_requests && upgrade.is_none() {
                 let buffered = match up.deadline {
                     Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))
                         .await
@@ -296,7 +296,6 @@ impl Forwarder {
                 .unwrap_or_default();
             std::mem::swap(&mut parts.uri, &mut uri);
             parts.version = Version::HTTP_11;
-            let body_sent = body.track_sent();
             let reuse = self.reuse_for(up.pools, up.target, upgrade.is_some());
             if !up.pools.settings().keep_alive && upgrade.is_none() {
                 // `--target-disable-keep-alives`: say so, as Go's transport does.
@@ -305,38 +304,23 @@ impl Forwarder {
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             let outbound = Request::from_parts(parts, body);
-            // With `--target-max-conns` a request may queue for a connection: the target's
-            // time to answer starts once it has one (Go's `ResponseHeaderTimeout` starts
-            // once the request is written).
-            let (checked_out, queued) = match up.pools.settings().max_conns {
-                Some(_) => {
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    (Some(tx), Some(rx))
-                }
-                None => (None, None),
-            };
-            let sent = self.send(up.pools, reuse, outbound, checked_out, up.target.address());
+            // `--target-timeout` (or `--path-timeout`) bounds the wait for response headers
+            // once the request is sent (Go's `ResponseHeaderTimeout`), so a slow upload or
+            // a wait for a connection at `--target-max-conns` is not cut short: the pool
+            // times it, from the moment the request is written.
+            let sent = self.send(
+                up.pools,
+                reuse,
+                outbound,
+                up.response_timeout,
+                up.target.address(),
+            );
             let result = {
                 let cancelled = async {
                     match exchange.target.as_ref() {
                         Some(g) => g.cancelled().await,
                         None => std::future::pending().await,
                     }
-                };
-                // `--target-timeout` (or `--path-timeout`) bounds the wait for response
-                // headers once the request is sent (Go's `ResponseHeaderTimeout`), so a slow
-                // upload is not cut short.
-                let timed_out = async {
-                    let Some(limit) = up.response_timeout else {
-                        return std::future::pending().await;
-                    };
-                    if let Some(rx) = queued {
-                        let _ = rx.await;
-                    }
-                    if let Some(rx) = body_sent {
-                        let _ = rx.await;
-                    }
-                    tokio::time::sleep(limit).await;
                 };
                 // `--request-timeout`: the whole request's deadline, uploads included.
                 let deadline = async {
@@ -347,7 +331,6 @@ impl Forwarder {
                 };
                 tokio::select! {
                     r = sent => Some(Ok(r)),
-                    _ = timed_out => Some(Err(Rejection::TargetTimeout)),
                     _ = deadline => Some(Err(Rejection::DeadlineExceeded)),
                     _ = cancelled => None,
                 }
@@ -363,6 +346,9 @@ impl Forwarder {
                     };
                 }
                 Some(Err(fired)) => return Ok(up.reject(fired, uri.path(), &method, exchange)),
+                Some(Ok(Err(SendError { error: e, .. }))) if pool::answer_timed_out(e.as_ref()) => {
+                    return Ok(up.reject(Rejection::TargetTimeout, uri.path(), &method, exchange));
+                }
                 Some(Ok(Err(SendError { error: e, .. }))) if client_body_failed(&e) => {
                     // The client's own body could not be read (malformed chunking) or did not
                     // come: its fault.

@@ -82,7 +82,7 @@ async fn exchange(
         far.write_all(answer).await.unwrap();
         (head, (!close_after).then_some(far))
     });
-    let head = match conn.send(&method, "/p?q=1", &get_headers()).await {
+    let head = match conn.send(&method, "/p?q=1", &get_headers(), None).await {
         Ok(head) => head,
         Err(e) => panic!("exchange failed: {e:?}"),
     };
@@ -137,7 +137,7 @@ async fn a_body_that_comes_later_is_read_by_the_body_and_then_the_connection_goe
         far
     });
     let head = conn
-        .send(&Method::GET, "/", &get_headers())
+        .send(&Method::GET, "/", &get_headers(), None)
         .await
         .map_err(|e| format!("{e:?}"))
         .unwrap();
@@ -255,9 +255,10 @@ async fn failure(answer: &'static [u8]) -> String {
         read_head(&mut far).await;
         far.write_all(answer).await.unwrap();
     });
-    match conn.send(&Method::GET, "/", &get_headers()).await {
+    match conn.send(&Method::GET, "/", &get_headers(), None).await {
         Err(SendError::Failed(e)) => e.to_string(),
         Err(SendError::Unsent(e)) => panic!("unsent: {e}"),
+        Err(SendError::TimedOut) => panic!("timed out without a limit"),
         Ok(_) => panic!("{answer:?} was accepted"),
     }
 }
@@ -319,8 +320,9 @@ async fn a_reused_connection_the_app_closed_is_seen_closed_and_its_failure_is_ma
     // Sent anyway (the close raced the pick): either nothing could be written (the pool
     // sends it again as it is), or the failure says the reused connection died before any
     // answer, which is what the re-send rule looks for.
-    match conn.send(&Method::GET, "/", &get_headers()).await {
+    match conn.send(&Method::GET, "/", &get_headers(), None).await {
         Err(SendError::Unsent(_)) => {}
+        Err(SendError::TimedOut) => panic!("timed out without a limit"),
         Err(SendError::Failed(e)) => {
             let boxed: BoxError = Box::new(e);
             assert!(
@@ -332,16 +334,21 @@ async fn a_reused_connection_the_app_closed_is_seen_closed_and_its_failure_is_ma
     }
 }
 
+/// Reads a request head off the far end and answers it at once.
+async fn answer_at_once(far: &mut TcpStream) {
+    read_head(far).await;
+    far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+        .await
+        .unwrap();
+}
+
 /// One exchange, so the connection counts as reused.
 async fn read_and_answer(conn: &mut Connection, far: &mut TcpStream) {
-    let answer = async {
-        read_head(far).await;
-        far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
-            .await
-            .unwrap();
-    };
     let headers = get_headers();
-    let (sent, ()) = tokio::join!(conn.send(&Method::GET, "/", &headers), answer);
+    let (sent, ()) = tokio::join!(
+        conn.send(&Method::GET, "/", &headers, None),
+        answer_at_once(far)
+    );
     assert!(sent.is_ok());
 }
 
@@ -352,9 +359,10 @@ async fn a_new_connection_that_dies_before_answering_is_not_marked_for_a_resend(
         read_head(&mut far).await;
         drop(far);
     });
-    let err = match conn.send(&Method::GET, "/", &get_headers()).await {
+    let err = match conn.send(&Method::GET, "/", &get_headers(), None).await {
         Err(SendError::Failed(e)) => e,
         Err(SendError::Unsent(e)) => panic!("unsent: {e}"),
+        Err(SendError::TimedOut) => panic!("timed out without a limit"),
         Ok(_) => panic!("answered"),
     };
     assert_eq!(
@@ -380,9 +388,10 @@ async fn a_reused_connection_whose_answer_began_is_not_marked_for_a_resend() {
             .unwrap();
         drop(far);
     });
-    let err = match conn.send(&Method::GET, "/", &get_headers()).await {
+    let err = match conn.send(&Method::GET, "/", &get_headers(), None).await {
         Err(SendError::Failed(e)) => e,
         Err(SendError::Unsent(e)) => panic!("unsent: {e}"),
+        Err(SendError::TimedOut) => panic!("timed out without a limit"),
         Ok(_) => panic!("answered"),
     };
     let boxed: BoxError = Box::new(err);
@@ -390,4 +399,42 @@ async fn a_reused_connection_whose_answer_began_is_not_marked_for_a_resend() {
         &*boxed,
         &http::Request::new(())
     ));
+}
+
+/// `--target-timeout` on our connection: one timer for the connection's life. A late answer
+/// times out; an answer in time is taken, also after the timer fired while the
+/// connection idled, and under a shorter limit than the last exchange's.
+#[tokio::test]
+async fn the_connection_s_one_timer_times_each_answer_from_its_own_request() {
+    use std::time::Duration;
+    let (mut conn, mut far) = pair().await;
+    let limit = Some(Duration::from_millis(200));
+    let headers = get_headers();
+    let (sent, ()) = tokio::join!(
+        conn.send(&Method::GET, "/", &headers, limit),
+        answer_at_once(&mut far)
+    );
+    assert!(sent.is_ok(), "answered at once");
+    // The first exchange's deadline passes while the connection idles: the timer fires.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (sent, ()) = tokio::join!(
+        conn.send(&Method::GET, "/", &headers, limit),
+        answer_at_once(&mut far)
+    );
+    assert!(
+        sent.is_ok(),
+        "a timer that fired while idle does not end the next exchange"
+    );
+    // No answer: the request is written, then the (shorter) limit passes.
+    let (sent, head) = tokio::join!(
+        conn.send(
+            &Method::GET,
+            "/late",
+            &headers,
+            Some(Duration::from_millis(50))
+        ),
+        read_head(&mut far)
+    );
+    assert!(head.starts_with("GET /late HTTP/1.1\r\n"), "{head}");
+    assert!(matches!(sent, Err(SendError::TimedOut)), "timed out");
 }

@@ -101,3 +101,28 @@ pub(crate) fn connect_failure(err: &(dyn StdError + 'static)) -> Option<ConnectF
     }
     connecting.then_some(ConnectFailure::Failed)
 }
+
+/// `--target-timeout` (or a `--path-timeout`) passed before the target's answer began.
+#[derive(Debug)]
+pub(crate) struct AnswerTimedOut;
+
+impl fmt::Display for AnswerTimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("timeout awaiting response headers")
+    }
+}
+
+impl StdError for AnswerTimedOut {}
+
+/// Whether `err` (from [`Pools::send`](super::Pools::send)) is the target not answering in
+/// time.
+pub(crate) fn answer_timed_out(err: &(dyn StdError + 'static)) -> bool {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if e.is::<AnswerTimedOut>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}

@@ -70,7 +70,9 @@ mod target;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use error::{ConnectFailure, DialTimeout, UpstreamError, connect_failure};
+pub(crate) use error::{
+    AnswerTimedOut, ConnectFailure, DialTimeout, UpstreamError, answer_timed_out, connect_failure,
+};
 use target::{Conn, Kind, NEW, OwnConn, TargetPool, Upstream, Waiting};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
@@ -132,8 +134,11 @@ impl Pools {
         &self.settings
     }
 
-    /// Sends `req` (its URI absolute: the target's address is its authority). `checked_out`
-    /// is dropped once the request has a connection (its wait for one is over).
+    /// Sends `req` (its URI absolute: the target's address is its authority).
+    /// `answer_within` (`--target-timeout` or a `--path-timeout`) bounds the wait for the
+    /// answer's head once the request is written, body included, as Go's
+    /// `ResponseHeaderTimeout` does: a slow upload, or a wait at `--target-max-conns`, is
+    /// not cut short. Past it the error is [`AnswerTimedOut`].
     ///
     /// Not an `async fn`: those keep each argument twice in their future (as passed, and
     /// as bound), and a request is 328 bytes, copied with the future at each level.
@@ -142,7 +147,7 @@ impl Pools {
         &self,
         mut req: Request<RequestBody>,
         reuse: Reuse,
-        checked_out: Option<oneshot::Sender<()>>,
+        answer_within: Option<Duration>,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + '_ {
         async move {
             let Some(host) = req.uri().authority().cloned() else {
@@ -164,9 +169,11 @@ impl Pools {
                 && req.body().is_end_stream()
                 && req.method() != Method::CONNECT
             {
-                return self.send_own(req, &target, &host, reuse, checked_out).await;
+                return self
+                    .send_own(req, &target, &host, reuse, answer_within)
+                    .await;
             }
-            self.send_hyper(req, &target, &host, reuse, checked_out)
+            self.send_hyper(req, &target, &host, reuse, answer_within)
                 .await
         }
     }
@@ -180,7 +187,7 @@ impl Pools {
         target: &'a Arc<TargetPool>,
         host: &'a Authority,
         reuse: Reuse,
-        mut checked_out: Option<oneshot::Sender<()>>,
+        answer_within: Option<Duration>,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + 'a {
         async move {
             let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
@@ -189,11 +196,13 @@ impl Pools {
                     Ok(checked) => checked,
                     Err(e) => return Err(e.with_request(req)),
                 };
-                drop(checked_out.take());
                 let Conn::Own(mut conn) = conn.conn else {
                     unreachable!("a checkout of our own kind")
                 };
-                let failed = match conn.conn.send(req.method(), path, req.headers()).await {
+                let answered = conn
+                    .conn
+                    .send(req.method(), path, req.headers(), answer_within);
+                let failed = match answered.await {
                     Ok(head) => {
                         // A connection's buffers stay at the largest head they held: one
                         // whose request or response head was large closes after its
@@ -210,6 +219,7 @@ impl Pools {
                     Err(own::SendError::Unsent(_)) if reused => continue,
                     Err(own::SendError::Unsent(e)) => e.into(),
                     Err(own::SendError::Failed(e)) => e.into(),
+                    Err(own::SendError::TimedOut) => Box::new(AnswerTimedOut) as BoxError,
                 };
                 return Err(UpstreamError::new("SendRequest", failed).with_request(req));
             }
@@ -223,7 +233,7 @@ impl Pools {
         target: &Arc<TargetPool>,
         host: &Authority,
         reuse: Reuse,
-        mut checked_out: Option<oneshot::Sender<()>>,
+        answer_within: Option<Duration>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         // hyper keeps a connection's buffers at the largest head they held: one whose request
         // or response head was large closes after its exchange instead of idling.
@@ -238,11 +248,21 @@ impl Pools {
         *req.uri_mut() = origin;
         loop {
             let (conn, reused) = self.checkout(target, host, reuse, Kind::Hyper).await?;
-            drop(checked_out.take());
             let Conn::Hyper(mut sender) = conn.conn else {
                 unreachable!("a checkout of hyper's kind")
             };
-            match sender.try_send_request(req).await {
+            let body_sent = req.body_mut().track_sent();
+            let answered = sender.try_send_request(req);
+            let answered = match answer_within {
+                None => answered.await,
+                Some(limit) => match within(limit, body_sent, answered).await {
+                    Some(answered) => answered,
+                    None => {
+                        return Err(UpstreamError::new("SendRequest", Box::new(AnswerTimedOut)));
+                    }
+                },
+            };
+            match answered {
                 Ok(response) => {
                     if keep && head_bytes(response.headers()) <= KEEP_HEAD_LIMIT {
                         target.clone().give_back(sender, conn.home);
@@ -440,6 +460,27 @@ fn head_bytes(headers: &http::HeaderMap) -> usize {
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum()
+}
+
+/// `exchange`'s outcome, unless `limit` passes first. The clock starts once the request's
+/// body is all sent (at once for a request without one).
+async fn within<F: Future>(
+    limit: Duration,
+    body_sent: Option<oneshot::Receiver<()>>,
+    exchange: F,
+) -> Option<F::Output> {
+    let clock = async {
+        if let Some(sent) = body_sent {
+            // A body that fails or is dropped unsent: its error comes from the exchange.
+            let _ = sent.await;
+        }
+        tokio::time::sleep(limit).await;
+    };
+    tokio::select! {
+        biased;
+        out = exchange => Some(out),
+        () = clock => None,
+    }
 }
 
 /// The Host header for a target address: its port left out when it is HTTP's default,
