@@ -90,9 +90,24 @@ impl Decimal {
     }
 }
 
+/// Writes `n` into all of `buf`, zero-padded on the left (the leading digits of a larger
+/// `n` are dropped), two digits per division.
+pub fn put_padded(buf: &mut [u8], mut n: u64) {
+    let mut end = buf.len();
+    while end >= 2 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        buf[end - 2..end].copy_from_slice(&PAIRS[pair..pair + 2]);
+        end -= 2;
+    }
+    if end == 1 {
+        buf[0] = b'0' + (n % 10) as u8;
+    }
+}
+
 /// Digits, dots, colons and hex letters as `&str`. Checking them with `from_utf8` was
 /// 1,700 instructions a request (bench/README.md): about 150 a call, for a few bytes.
-fn ascii(bytes: &[u8]) -> &str {
+pub(crate) fn ascii(bytes: &[u8]) -> &str {
     debug_assert!(bytes.is_ascii());
     // SAFETY: the callers' buffers hold only ASCII they wrote themselves (digits and
     // separators, or `Display` of an IP address), and ASCII is valid UTF-8.
@@ -129,6 +144,24 @@ mod tests {
         ] {
             let ip: IpAddr = ip.parse().unwrap();
             assert_eq!(IpText::new(ip).as_str(), ip.to_string());
+        }
+    }
+
+    #[test]
+    fn padded_digits_fill_the_buffer() {
+        for (n, width, want) in [
+            (0u64, 1, "0"),
+            (7, 4, "0007"),
+            (2026, 4, "2026"),
+            (5, 2, "05"),
+            (120_000_000, 9, "120000000"),
+            (1, 9, "000000001"),
+            (999_999_999, 9, "999999999"),
+            (12_345, 3, "345"),
+        ] {
+            let mut buf = vec![b'x'; width];
+            put_padded(&mut buf, n);
+            assert_eq!(std::str::from_utf8(&buf).unwrap(), want, "{n} in {width}");
         }
     }
 

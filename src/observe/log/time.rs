@@ -1,7 +1,15 @@
 //! Timestamps as slog writes them: Go's RFC 3339 with nanoseconds, in UTC.
 
+use crate::observe::text::{ascii, put_padded};
+use std::cell::Cell;
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+thread_local! {
+    /// This thread's last whole second (since the epoch) and its
+    /// `YYYY-MM-DDTHH:MM:SS`.
+    static LAST_SECOND: Cell<(i64, [u8; 19])> = const { Cell::new((i64::MIN, [0; 19])) };
+}
 
 /// Formats `t` as RFC 3339 in UTC with Go's `RFC3339Nano` layout
 /// (`2006-01-02T15:04:05.999999999Z07:00`), which is what slog's JSON handler
@@ -43,28 +51,25 @@ pub(super) fn write_rfc3339_nano_utc<W: fmt::Write + ?Sized>(
             }
         }
     };
-    let days = secs.div_euclid(86_400);
-    let second_of_day = secs.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
-    if (0..=9999).contains(&year) {
-        // Every line carries a time stamp: digits by hand rather than through `fmt`.
+    // Every line carries a time stamp: digits by hand rather than through `fmt`, and the
+    // date and time of day once a second (lines mostly share their second).
+    if let Some(whole) = LAST_SECOND
+        .with(|last| {
+            let (at, text) = last.get();
+            (at == secs).then_some(text)
+        })
+        .or_else(|| {
+            let text = whole_second(secs)?;
+            LAST_SECOND.with(|last| last.set((secs, text)));
+            Some(text)
+        })
+    {
         let mut buf = *b"0000-00-00T00:00:00.000000000Z";
-        let mut put = |at: usize, width: usize, mut n: u64| {
-            for i in (at..at + width).rev() {
-                buf[i] = b'0' + (n % 10) as u8;
-                n /= 10;
-            }
-        };
-        put(0, 4, year as u64);
-        put(5, 2, u64::from(month));
-        put(8, 2, u64::from(day));
-        put(11, 2, (second_of_day / 3600) as u64);
-        put(14, 2, (second_of_day / 60 % 60) as u64);
-        put(17, 2, (second_of_day % 60) as u64);
+        buf[..19].copy_from_slice(&whole);
         let len = if nanos == 0 {
             19
         } else {
-            put(20, 9, u64::from(nanos));
+            put_padded(&mut buf[20..29], u64::from(nanos));
             // Trailing zeros of the fraction are dropped, as Go does.
             let mut end = 29;
             while buf[end - 1] == b'0' {
@@ -74,8 +79,11 @@ pub(super) fn write_rfc3339_nano_utc<W: fmt::Write + ?Sized>(
         };
         buf[len] = b'Z';
         // Only ASCII digits and separators were written.
-        return out.write_str(std::str::from_utf8(&buf[..=len]).unwrap_or(""));
+        return out.write_str(ascii(&buf[..=len]));
     }
+    // A year outside 0..=9999.
+    let second_of_day = secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
     write!(
         out,
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
@@ -93,6 +101,24 @@ pub(super) fn write_rfc3339_nano_utc<W: fmt::Write + ?Sized>(
         write!(out, ".{digits:0width$}")?;
     }
     out.write_char('Z')
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` for `secs` since the epoch; `None` for a year of more or fewer
+/// than four digits.
+fn whole_second(secs: i64) -> Option<[u8; 19]> {
+    let second_of_day = secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
+    if !(0..=9999).contains(&year) {
+        return None;
+    }
+    let mut text = *b"0000-00-00T00:00:00";
+    put_padded(&mut text[0..4], year as u64);
+    put_padded(&mut text[5..7], u64::from(month));
+    put_padded(&mut text[8..10], u64::from(day));
+    put_padded(&mut text[11..13], (second_of_day / 3600) as u64);
+    put_padded(&mut text[14..16], (second_of_day / 60 % 60) as u64);
+    put_padded(&mut text[17..19], (second_of_day % 60) as u64);
+    Some(text)
 }
 
 /// Converts days since 1970-01-01 to a proleptic Gregorian (year, month,
