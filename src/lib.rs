@@ -11,6 +11,7 @@ pub mod lifecycle;
 pub mod observe;
 pub mod options;
 pub mod proxy;
+pub mod recycle;
 pub mod router;
 pub mod server;
 pub mod service;

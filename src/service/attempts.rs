@@ -28,6 +28,7 @@ use crate::proxy::cookies::{SessionPin, has_live_writer_cookie, request_cookie};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::proxy::{Forwarder, ResponseCookies, Retry, UpstreamRequest};
+use crate::recycle::Recycled;
 
 /// What the pipeline decided about the request before it is placed.
 pub(super) struct Placement<'a> {
@@ -113,12 +114,13 @@ impl Service {
                 service: &self.name,
                 cookies,
             };
-            // Boxed: `forward`'s future is about 5.9 KB, and held inline it made every
-            // future above it (this one, `serve`, `handle`, the connection's service call)
-            // that much larger, each moved whole once per request (about 9 KB copied at
-            // hyper's `recv_msg` and again into the service block). One allocation is
-            // cheaper than those copies (bench/README.md, "Where the time goes").
-            let forwarded = Box::pin(forwarder.forward(req, up, exchange));
+            // On the heap, in a block the thread reuses (`Recycled`): `forward`'s future is
+            // about 5 KB, and held inline it made every future above it (this one,
+            // `serve`, `handle`, the connection's service call) that much larger, each
+            // moved whole once per request (about 9 KB copied at hyper's `recv_msg` and
+            // again into the service block). A block is cheaper than those copies
+            // (bench/README.md, "Where the time goes").
+            let forwarded = Recycled::new(forwarder.forward(req, up, exchange));
             let Retry {
                 request,
                 exchange: back,

@@ -43,6 +43,7 @@ use super::shutdown::DrainWait;
 use super::shutdown::FIRST_REQUEST_WAIT;
 use super::{Drain, FirstRequest, Proxy, handle, log_expired};
 use crate::proxy::body::{ClientBody, ResponseBody};
+use crate::recycle::Recycled;
 use crate::service::Conn;
 use http::{Request, Response};
 use request::Parsed;
@@ -239,8 +240,8 @@ pub fn serve<S: Duplex, R: Respond>(
 }
 
 /// A request's exchange with the pipeline: its response, written. `true`: the connection
-/// may carry another request. Boxed: a connection's task holds only what it needs between
-/// requests.
+/// may carry another request. On the heap, in a block the thread reuses
+/// ([`Recycled`]): a connection's task holds only what it needs between requests.
 fn begin<'a, R: Respond>(
     request: Request<ClientBody>,
     keep_alive: bool,
@@ -249,11 +250,11 @@ fn begin<'a, R: Respond>(
     writer: &'a mut (impl AsyncWrite + Unpin + Send),
     closing: &'a Closing,
     phase: &Arc<Phase>,
-) -> Pin<Box<impl Future<Output = bool> + Send + 'a>> {
+) -> Recycled<impl Future<Output = bool> + Send + 'a> {
     phase.request();
     let over = ResponseOver::new(phase);
     let asked = Asked::of(&request, keep_alive);
-    Box::pin(async move {
+    Recycled::new(async move {
         let response = respond.respond(request, conn).await;
         // As hyper: a drain begun before the head goes out says `close` in it.
         let asked = Asked {
@@ -393,7 +394,7 @@ enum Ended {
 /// Not an `async fn`, which would keep its arguments twice in every connection's task
 /// (see [`serve`]).
 fn watch<'a, 'w, 't, 'd, 'l, R: AsyncRead + Unpin, F: Future<Output = bool>>(
-    exchange: Pin<Box<F>>,
+    exchange: Recycled<F>,
     client: &'a mut Head<R>,
     lifeline: &'a mut Lifeline<'w, 't, 'd, 'l>,
 ) -> Watch<'a, 'w, 't, 'd, 'l, R, F> {
@@ -439,7 +440,7 @@ impl<R: AsyncRead + Unpin> Future for HeadWait<'_, '_, '_, '_, '_, R> {
 
 /// See [`watch`].
 struct Watch<'a, 'w, 't, 'd, 'l, R, F> {
-    exchange: Pin<Box<F>>,
+    exchange: Recycled<F>,
     client: &'a mut Head<R>,
     lifeline: &'a mut Lifeline<'w, 't, 'd, 'l>,
 }
@@ -449,7 +450,7 @@ impl<R: AsyncRead + Unpin, F: Future<Output = bool>> Future for Watch<'_, '_, '_
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Ended> {
         let this = self.get_mut();
-        if let Poll::Ready(again) = this.exchange.as_mut().poll(cx) {
+        if let Poll::Ready(again) = Pin::new(&mut this.exchange).poll(cx) {
             return Poll::Ready(Ended::Done(again));
         }
         if let Poll::Ready(expired) = this.lifeline.watchdog.as_mut().poll(cx) {
