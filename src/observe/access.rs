@@ -110,7 +110,7 @@ fn write_fields(s: &mut String, r: &AccessRecord, duration_ns: i64, bytes_sent: 
         Some(pq) => (pq.path(), pq.query().unwrap_or("")),
         None => ("", ""),
     };
-    let client_ip = IpText::new(r.client.ip());
+    let client_ip = IpText::of(r.client.ip());
     s.push_str("\"host\":");
     escape_value(s, Some(&r.host));
     key(s, "port");
