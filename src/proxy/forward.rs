@@ -346,7 +346,9 @@ impl Forwarder {
                     };
                 }
                 Some(Err(fired)) => return Ok(up.reject(fired, uri.path(), &method, exchange)),
-                Some(Ok(Err(SendError { error: e, .. }))) if pool::answer_timed_out(e.as_ref()) => {
+                Some(Ok(Err(SendError { error: e, .. })))
+                    if pool::caused_by::<pool::AnswerTimedOut>(e.as_ref()) =>
+                {
                     return Ok(up.reject(Rejection::TargetTimeout, uri.path(), &method, exchange));
                 }
                 Some(Ok(Err(SendError { error: e, .. }))) if client_body_failed(&e) => {
@@ -542,14 +544,7 @@ fn client_body_failed(e: &BoxError) -> bool {
 
 /// Whether the client's body failed because it went silent (`--body-read-timeout`).
 fn body_timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = Some(e);
-    while let Some(s) = source {
-        if s.is::<BodyReadTimeout>() {
-            return true;
-        }
-        source = s.source();
-    }
-    false
+    pool::caused_by::<BodyReadTimeout>(e)
 }
 
 fn describe(e: &BoxError) -> String {

@@ -114,12 +114,12 @@ impl fmt::Display for AnswerTimedOut {
 
 impl StdError for AnswerTimedOut {}
 
-/// Whether `err` (from [`Pools::send`](super::Pools::send)) is the target not answering in
-/// time.
-pub(crate) fn answer_timed_out(err: &(dyn StdError + 'static)) -> bool {
+/// Whether `T` is `err` or among its causes (`AnswerTimedOut`: the target did not answer
+/// in time).
+pub(crate) fn caused_by<T: StdError + 'static>(err: &(dyn StdError + 'static)) -> bool {
     let mut next = Some(err);
     while let Some(e) = next {
-        if e.is::<AnswerTimedOut>() {
+        if e.is::<T>() {
             return true;
         }
         next = e.source();

@@ -71,7 +71,7 @@ mod target;
 mod tests;
 
 pub(crate) use error::{
-    AnswerTimedOut, ConnectFailure, DialTimeout, UpstreamError, answer_timed_out, connect_failure,
+    AnswerTimedOut, ConnectFailure, DialTimeout, UpstreamError, caused_by, connect_failure,
 };
 use target::{Conn, Kind, NEW, OwnConn, TargetPool, Upstream, Waiting};
 
