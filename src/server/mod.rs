@@ -445,8 +445,10 @@ fn ensure_request_id(req: &mut Request<ClientBody>) -> HeaderValue {
         slot => slot,
     };
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
-    let id = HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(id.as_bytes()))
+    uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
+    // The array itself is the shared buffer: one allocation, and the clone below is a
+    // reference count (a copied `Bytes` allocated again when first cloned).
+    let id = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(buf))
         .unwrap_or(HeaderValue::from_static(""));
     set(slot, id.clone());
     id
