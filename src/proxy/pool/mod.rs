@@ -251,16 +251,19 @@ impl Pools {
             let Conn::Hyper(mut sender) = conn.conn else {
                 unreachable!("a checkout of hyper's kind")
             };
-            let body_sent = req.body_mut().track_sent();
-            let answered = sender.try_send_request(req);
             let answered = match answer_within {
-                None => answered.await,
-                Some(limit) => match within(limit, body_sent, answered).await {
-                    Some(answered) => answered,
-                    None => {
-                        return Err(UpstreamError::new("SendRequest", Box::new(AnswerTimedOut)));
+                None => sender.try_send_request(req).await,
+                Some(limit) => {
+                    // The body says when it is all sent only when a clock waits for it.
+                    let body_sent = req.body_mut().track_sent();
+                    match within(limit, body_sent, sender.try_send_request(req)).await {
+                        Some(answered) => answered,
+                        None => {
+                            let timed_out = Box::new(AnswerTimedOut);
+                            return Err(UpstreamError::new("SendRequest", timed_out));
+                        }
                     }
-                },
+                }
             };
             match answered {
                 Ok(response) => {
