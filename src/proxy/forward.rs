@@ -14,10 +14,11 @@ use super::body::{BodyReadTimeout, ClientBody, RequestBody, ResponseBody, Upstre
 use super::buffer::{BufferError, SpillBuffer};
 use super::cookies;
 use super::exchange::Exchange;
-use super::headers::{self, ForwardedFor};
+use super::headers;
 use super::keep_alive;
 use super::pages::ErrorPages;
 use super::pool::{self, ConnectFailure, Pools, Reuse};
+use super::proxy_fields::{ForwardedFor, ProxyFields};
 use super::rejection::{Refused, Rejection};
 use super::retry::{self, Replay};
 use crate::balancer::Target;
@@ -168,11 +169,12 @@ impl Forwarder {
         pools: &'a Pools,
         reuse: Reuse,
         req: Request<RequestBody>,
+        fields: &'a ProxyFields,
         answer_within: Option<Duration>,
         target: &'a str,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + Send + 'a {
         async move {
-            let mut failed = match pools.send(req, reuse, answer_within).await {
+            let mut failed = match pools.send(req, fields, reuse, answer_within).await {
                 Ok(r) => return Ok(r),
                 Err(e) => e,
             };
@@ -193,7 +195,7 @@ impl Forwarder {
                 "Resending request on a new connection"
             );
             pools
-                .send(again, Reuse::Fresh, answer_within)
+                .send(again, fields, Reuse::Fresh, answer_within)
                 .await
                 .map_err(|error| SendError {
                     error: error.into(),
@@ -246,40 +248,37 @@ impl Forwarder {
                 incoming
             };
 
-            let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-                parts
+            let client_host = parts.headers.get(header::HOST).cloned();
+            // Without a `Host` field (HTTP/1.0, or HTTP/2's `:authority`), the URI's names it.
+            let host_from_uri = match client_host {
+                Some(_) => None,
+                None => parts
                     .uri
                     .authority()
-                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            });
-            // `TE` goes, except its `trailers` (one look-up when the client sent none).
-            let wants_trailers = parts
-                .headers
-                .remove(header::TE)
-                .is_some_and(|te| headers::has_token(te.as_bytes(), b"trailers"));
-            headers::remove_hop_by_hop(&mut parts.headers);
+                    .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
+            };
+            let original_host = client_host.or_else(|| host_from_uri.clone());
+            // `TE` goes with the other hop-by-hop fields, except its `trailers`.
+            let wants_trailers = headers::remove_hop_by_hop(&mut parts.headers);
             if wants_trailers {
                 parts
                     .headers
                     .insert(header::TE, HeaderValue::from_static("trailers"));
             }
-            headers::set_forwarded(
-                &mut parts.headers,
+            // Set where the request leaves (see `proxy_fields`), not in the map here.
+            let fields = ProxyFields::new(
+                &parts.headers,
                 &ForwardedFor {
                     client_ip: up.client_ip,
                     host: original_host.as_ref(),
                     tls: up.tls,
                     trust_client: opts.forward_headers,
                 },
-            );
-            headers::set_target_header(
-                &mut parts.headers,
                 up.target.header_value(),
-                opts.forward_headers,
             );
             // Kept (a reference count, not a copy) only when the response's cookies need it.
             let cookie_host = up.cookies.scope_paths.and(original_host.as_ref()).cloned();
-            if let Some(h) = original_host {
+            if let Some(h) = host_from_uri {
                 parts.headers.insert(header::HOST, h);
             }
             if let Some(kind) = &upgrade {
@@ -312,6 +311,7 @@ impl Forwarder {
                 up.pools,
                 reuse,
                 outbound,
+                &fields,
                 up.response_timeout,
                 up.target.address(),
             );

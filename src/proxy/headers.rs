@@ -1,5 +1,6 @@
 //! Header rewriting between client and upstream, as upstream's Go `httputil.ReverseProxy`
-//! does it: hop-by-hop headers removed, `X-Forwarded-*` set, upgrades re-announced.
+//! does it: hop-by-hop headers removed, upgrades re-announced. (`X-Forwarded-*`:
+//! [`super::proxy_fields`].)
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -11,10 +12,10 @@ pub static X_REQUEST_START: HeaderName = HeaderName::from_static("x-request-star
 pub static X_KAMAL_TARGET: HeaderName = HeaderName::from_static("x-kamal-target");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
-/// Removes hop-by-hop headers, including any named in `Connection`.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+/// Removes hop-by-hop headers, including any named in `Connection`. Returns whether a
+/// `TE` among them asked for `trailers`, which a request may pass on (as Go's proxy does).
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> bool {
     // One pass over the names present, then a removal for each one found: a lookup for
     // every hop-by-hop name cost more than the rest of the header work (bench/README.md).
     let mut present = [false; HOP_BY_HOP.len()];
@@ -26,8 +27,13 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
         }
     }
     if !any {
-        return;
+        return false;
     }
+    let wants_trailers = present[TE]
+        && headers
+            .get_all(header::TE)
+            .iter()
+            .any(|te| has_token(te.as_bytes(), b"trailers"));
     if present[0] {
         // Names listed in `Connection` beyond the standard set (its tokens are mostly
         // `keep-alive` or `upgrade`, which the set covers: then nothing is allocated).
@@ -54,10 +60,11 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(*h);
         }
     }
+    wants_trailers
 }
 
 /// Where `name` is in [`HOP_BY_HOP`]. Matched on the name's text, whose length alone rules
-/// out most names: comparing each name with all eight `HeaderName`s cost about 70
+/// out most names: comparing each name with all eight (now nine) `HeaderName`s cost about 70
 /// instructions a name, some 500 a request (bench/README.md, "Ninth round").
 fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
     let i = match name.as_str() {
@@ -69,6 +76,7 @@ fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
         "trailer" => 5,
         "transfer-encoding" => 6,
         "upgrade" => 7,
+        "te" => TE,
         _ => return None,
     };
     debug_assert_eq!(HOP_BY_HOP[i], name);
@@ -89,8 +97,8 @@ fn names_standard_hop_by_hop(token: &[u8]) -> bool {
     })
 }
 
-/// `Connection` first: [`remove_hop_by_hop`] reads it before removing it.
-static HOP_BY_HOP: [&HeaderName; 8] = [
+/// `Connection` first: [`remove_hop_by_hop`] reads it before removing it (and `TE`).
+static HOP_BY_HOP: [&HeaderName; 9] = [
     &header::CONNECTION,
     &PROXY_CONNECTION,
     &KEEP_ALIVE,
@@ -99,7 +107,10 @@ static HOP_BY_HOP: [&HeaderName; 8] = [
     &header::TRAILER,
     &header::TRANSFER_ENCODING,
     &header::UPGRADE,
+    &header::TE,
 ];
+/// Where `TE` is in [`HOP_BY_HOP`].
+const TE: usize = 8;
 
 /// A field name as read from the wire. The names nearly every request and response
 /// carry are matched as they are usually written (`Host`, `content-type`): one
@@ -152,85 +163,6 @@ pub fn is_websocket(headers: &HeaderMap) -> bool {
     upgrade_type(headers).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
 }
 
-pub struct ForwardedFor<'a> {
-    /// The client's address, from [`ip_value`].
-    pub client_ip: &'a HeaderValue,
-    pub host: Option<&'a HeaderValue>,
-    pub tls: bool,
-    /// `--forward-headers`: trust and extend what the client sent.
-    pub trust_client: bool,
-}
-
-/// Sets `X-Forwarded-For/-Host/-Proto` on the outbound headers (which still hold the
-/// client's values) following upstream's rules.
-pub fn set_forwarded(headers: &mut HeaderMap, f: &ForwardedFor<'_>) {
-    use http::header::Entry;
-    headers.remove(&FORWARDED);
-    if !f.trust_client {
-        // Nothing the client sent is kept, and `insert` replaces every prior value: no
-        // need to read or remove them first.
-        headers.insert(&X_FORWARDED_FOR, f.client_ip.clone());
-        match f.host {
-            Some(h) => headers.insert(&X_FORWARDED_HOST, h.clone()),
-            None => headers.remove(&X_FORWARDED_HOST),
-        };
-        headers.insert(&X_FORWARDED_PROTO, proto_value(f.tls));
-        return;
-    }
-    // One look-up per header (an entry), where reading, removing and inserting each
-    // cost three.
-    match headers.entry(&X_FORWARDED_FOR) {
-        Entry::Vacant(slot) => {
-            slot.insert(f.client_ip.clone());
-        }
-        Entry::Occupied(mut prior) => {
-            let mut joined = Vec::new();
-            for v in prior.iter() {
-                if !joined.is_empty() {
-                    joined.extend_from_slice(b", ");
-                }
-                joined.extend_from_slice(v.as_bytes());
-            }
-            joined.extend_from_slice(b", ");
-            joined.extend_from_slice(f.client_ip.as_bytes());
-            match HeaderValue::from_bytes(&joined) {
-                // `insert` replaces every prior value.
-                Ok(v) => drop(prior.insert(v)),
-                Err(_) => drop(prior.remove_entry_mult()),
-            }
-        }
-    }
-    keep_first_or(headers, &X_FORWARDED_HOST, || f.host.cloned());
-    keep_first_or(headers, &X_FORWARDED_PROTO, || Some(proto_value(f.tls)));
-}
-
-/// Keeps the first value of a header the client sent when it is not empty (any others
-/// go), else sets `fallback`, or removes the header when there is none.
-fn keep_first_or(
-    headers: &mut HeaderMap,
-    name: &HeaderName,
-    fallback: impl FnOnce() -> Option<HeaderValue>,
-) {
-    use http::header::Entry;
-    match headers.entry(name) {
-        Entry::Occupied(mut prior) if !prior.get().is_empty() => {
-            if prior.iter().nth(1).is_some() {
-                let first = prior.get().clone();
-                prior.insert(first);
-            }
-        }
-        Entry::Occupied(mut prior) => match fallback() {
-            Some(v) => drop(prior.insert(v)),
-            None => drop(prior.remove_entry_mult()),
-        },
-        Entry::Vacant(slot) => {
-            if let Some(v) = fallback() {
-                slot.insert(v);
-            }
-        }
-    }
-}
-
 /// The client's address as an `X-Forwarded-For` value. The last one made on this thread
 /// is kept: the requests of a keep-alive connection repeat it (as do those of clients
 /// behind one proxy or CDN), and a clone is a reference count where formatting the
@@ -251,41 +183,13 @@ pub fn ip_value(ip: std::net::IpAddr) -> HeaderValue {
     })
 }
 
-fn proto_value(tls: bool) -> HeaderValue {
-    HeaderValue::from_static(if tls { "https" } else { "http" })
-}
-
 /// `--client-ip-header`: when the request carries a non-empty `name`, its value replaces
-/// `X-Forwarded-For` before [`set_forwarded`] runs, and is what the access log shows as
+/// `X-Forwarded-For` before the proxy's fields are worked out ([`super::proxy_fields`]), and is what the access log shows as
 /// `remote_addr`. Returns that value. `name` itself is forwarded unchanged.
 pub fn apply_client_ip_header(headers: &mut HeaderMap, name: &str) -> Option<HeaderValue> {
     let value = headers.get(name).filter(|v| !v.is_empty())?.clone();
     headers.insert(&X_FORWARDED_FOR, value.clone());
     Some(value)
-}
-
-/// `X-Kamal-Target`: the chosen target; appended to a client value only when trusted.
-pub fn set_target_header(headers: &mut HeaderMap, address: &HeaderValue, trust_client: bool) {
-    let mut joined = Vec::new();
-    if trust_client {
-        for prior in headers
-            .get_all(&X_KAMAL_TARGET)
-            .iter()
-            .filter(|v| !v.is_empty())
-        {
-            joined.extend_from_slice(prior.as_bytes());
-            joined.extend_from_slice(b", ");
-        }
-    }
-    let value = if joined.is_empty() {
-        Some(address.clone())
-    } else {
-        joined.extend_from_slice(address.as_bytes());
-        HeaderValue::from_bytes(&joined).ok()
-    };
-    if let Some(v) = value {
-        headers.insert(&X_KAMAL_TARGET, v);
-    }
 }
 
 /// An IP address rendered on the stack: one is formatted for every proxied request
@@ -312,7 +216,7 @@ mod tests {
             "set-cookie",
             "referer",
             "host",
-            "te",
+            "tes",
             "x-upgrade",
         ] {
             assert_eq!(
@@ -333,7 +237,7 @@ mod tests {
                 "{lower}"
             );
         }
-        for token in ["close", "x-secret", "keep-alivex", "te", ""] {
+        for token in ["close", "x-secret", "keep-alivex", "tes", ""] {
             assert!(!names_standard_hop_by_hop(token.as_bytes()), "{token}");
         }
     }
@@ -346,74 +250,23 @@ mod tests {
         h.insert("keep-alive", hv("timeout=5"));
         h.insert(header::TRANSFER_ENCODING, hv("chunked"));
         h.insert("x-app", hv("kept"));
-        remove_hop_by_hop(&mut h);
+        assert!(!remove_hop_by_hop(&mut h), "no TE, no trailers");
         assert_eq!(h.len(), 1);
         assert_eq!(h["x-app"], "kept");
     }
 
     #[test]
-    fn forwarded_headers_default_and_trusted() {
-        let host = hv("example.com:8080");
+    fn te_goes_and_says_whether_it_asked_for_trailers() {
         let mut h = HeaderMap::new();
-        h.insert(&X_FORWARDED_FOR, hv("1.2.3.4"));
-        h.insert(&X_FORWARDED_PROTO, hv("https"));
-        let mut untrusted = h.clone();
-        let f = ForwardedFor {
-            client_ip: &hv("10.0.0.1"),
-            host: Some(&host),
-            tls: false,
-            trust_client: false,
-        };
-        set_forwarded(&mut untrusted, &f);
-        assert_eq!(untrusted[&X_FORWARDED_FOR], "10.0.0.1");
-        assert_eq!(untrusted[&X_FORWARDED_PROTO], "http");
-        assert_eq!(untrusted[&X_FORWARDED_HOST], "example.com:8080");
-        let f = ForwardedFor {
-            trust_client: true,
-            ..f
-        };
-        set_forwarded(&mut h, &f);
-        assert_eq!(h[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
-        assert_eq!(h[&X_FORWARDED_PROTO], "https");
-        assert_eq!(h[&X_FORWARDED_HOST], "example.com:8080");
-    }
-
-    #[test]
-    fn trusted_forwarded_headers_with_several_or_empty_values() {
-        let client = ip_value("10.0.0.1".parse().unwrap());
-        let host = hv("example.com");
-        let f = ForwardedFor {
-            client_ip: &client,
-            host: Some(&host),
-            tls: true,
-            trust_client: true,
-        };
-        let mut h = HeaderMap::new();
-        h.append(&X_FORWARDED_FOR, hv("1.1.1.1"));
-        h.append(&X_FORWARDED_FOR, hv("2.2.2.2"));
-        h.append(&X_FORWARDED_HOST, hv("first.example"));
-        h.append(&X_FORWARDED_HOST, hv("second.example"));
-        h.append(&X_FORWARDED_PROTO, hv(""));
-        h.append(&X_FORWARDED_PROTO, hv("http"));
-        h.insert(&FORWARDED, hv("for=3.3.3.3"));
-        set_forwarded(&mut h, &f);
-        let all = |h: &HeaderMap, n: &HeaderName| -> Vec<String> {
-            h.get_all(n)
-                .iter()
-                .map(|v| v.to_str().unwrap().to_string())
-                .collect()
-        };
-        assert_eq!(all(&h, &X_FORWARDED_FOR), ["1.1.1.1, 2.2.2.2, 10.0.0.1"]);
-        assert_eq!(all(&h, &X_FORWARDED_HOST), ["first.example"]);
-        // An empty first value counts as absent: the proxy's own goes on.
-        assert_eq!(all(&h, &X_FORWARDED_PROTO), ["https"]);
-        assert!(h.get(&FORWARDED).is_none());
-
-        let mut h = HeaderMap::new();
-        h.append(&X_FORWARDED_HOST, hv(""));
-        set_forwarded(&mut h, &ForwardedFor { host: None, ..f });
-        assert_eq!(all(&h, &X_FORWARDED_FOR), ["10.0.0.1"]);
-        assert!(h.get(&X_FORWARDED_HOST).is_none());
+        h.insert(header::TE, hv("gzip"));
+        h.append(header::TE, hv("deflate, Trailers"));
+        h.insert("x-app", hv("kept"));
+        assert!(remove_hop_by_hop(&mut h));
+        assert!(!h.contains_key(header::TE));
+        assert_eq!(h.len(), 1);
+        h.insert(header::TE, hv("gzip"));
+        assert!(!remove_hop_by_hop(&mut h));
+        assert!(!h.contains_key(header::TE));
     }
 
     #[test]
@@ -463,23 +316,6 @@ mod tests {
         assert_eq!(apply_client_ip_header(&mut h, name), Some(hv("9.9.9.9")));
         assert_eq!(h[&X_FORWARDED_FOR], "9.9.9.9");
         assert_eq!(h[name], "9.9.9.9");
-    }
-
-    #[test]
-    fn target_header_appends_to_trusted_client_values() {
-        let mut h = HeaderMap::new();
-        set_target_header(&mut h, &HeaderValue::from_static("web:3000"), true);
-        assert_eq!(h[&X_KAMAL_TARGET], "web:3000");
-        let mut h = HeaderMap::new();
-        h.append(&X_KAMAL_TARGET, hv("a:1"));
-        h.append(&X_KAMAL_TARGET, hv("b:2"));
-        let mut untrusted = h.clone();
-        set_target_header(&mut h, &HeaderValue::from_static("web:3000"), true);
-        assert_eq!(h[&X_KAMAL_TARGET], "a:1, b:2, web:3000");
-        assert_eq!(h.get_all(&X_KAMAL_TARGET).iter().count(), 1);
-        set_target_header(&mut untrusted, &HeaderValue::from_static("web:3000"), false);
-        assert_eq!(untrusted[&X_KAMAL_TARGET], "web:3000");
-        assert_eq!(untrusted.get_all(&X_KAMAL_TARGET).iter().count(), 1);
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod http1;
 mod keep_alive;
 pub mod pages;
 pub mod pool;
+mod proxy_fields;
 pub mod rejection;
 mod retry;
 

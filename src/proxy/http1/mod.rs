@@ -20,6 +20,7 @@ pub(crate) mod chunked;
 mod tests;
 
 use super::headers::has_token;
+use super::proxy_fields::ProxyFields;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Version};
@@ -170,8 +171,9 @@ impl Connection {
         }
     }
 
-    /// Writes a request without a body (`path`: its path and query) and reads the head of
-    /// the answer, skipping informational (1xx) answers other than 101 as hyper does.
+    /// Writes a request without a body (`path`: its path and query; `fields`: the proxy's,
+    /// in place of the client's of the same names) and reads the head of the answer,
+    /// skipping informational (1xx) answers other than 101 as hyper does.
     /// `answer_within`: how long the head may take once the request is written (Go's
     /// `ResponseHeaderTimeout`).
     pub(crate) async fn send(
@@ -179,9 +181,10 @@ impl Connection {
         method: &Method,
         path: &str,
         headers: &HeaderMap,
+        fields: &ProxyFields,
         answer_within: Option<Duration>,
     ) -> Result<Head, SendError> {
-        self.write_head(method, path, headers);
+        self.write_head(method, path, headers, fields);
         self.write_out().await?;
         if let Some(limit) = answer_within {
             self.arm(limit);
@@ -256,8 +259,14 @@ impl Connection {
     }
 
     /// The request line and fields, as hyper writes them (names as the map holds them,
-    /// lower-case; no `Transfer-Encoding`: there is no body to frame).
-    fn write_head(&mut self, method: &Method, path: &str, headers: &HeaderMap) {
+    /// lower-case; no `Transfer-Encoding`: there is no body to frame), the proxy's last.
+    fn write_head(
+        &mut self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        fields: &ProxyFields,
+    ) {
         // The buffer keeps its capacity from one request to the next: no sizing pass.
         let out = &mut self.out;
         out.clear();
@@ -266,7 +275,7 @@ impl Connection {
         out.extend_from_slice(path.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
         for (name, value) in headers {
-            if name == header::TRANSFER_ENCODING {
+            if name == header::TRANSFER_ENCODING || ProxyFields::replaces(name) {
                 continue;
             }
             out.extend_from_slice(name.as_str().as_bytes());
@@ -274,6 +283,7 @@ impl Connection {
             out.extend_from_slice(value.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
+        fields.write(out);
         out.extend_from_slice(b"\r\n");
     }
 

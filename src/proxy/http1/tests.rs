@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
+/// A request without the proxy's own fields (those have their tests in `proxy_fields`).
+static NO_FIELDS: std::sync::LazyLock<ProxyFields> = std::sync::LazyLock::new(ProxyFields::default);
+
 /// A connection to a listener whose accepted end is returned with it.
 async fn pair() -> (Connection, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -82,7 +85,10 @@ async fn exchange(
         far.write_all(answer).await.unwrap();
         (head, (!close_after).then_some(far))
     });
-    let head = match conn.send(&method, "/p?q=1", &get_headers(), None).await {
+    let head = match conn
+        .send(&method, "/p?q=1", &get_headers(), &NO_FIELDS, None)
+        .await
+    {
         Ok(head) => head,
         Err(e) => panic!("exchange failed: {e:?}"),
     };
@@ -137,7 +143,7 @@ async fn a_body_that_comes_later_is_read_by_the_body_and_then_the_connection_goe
         far
     });
     let head = conn
-        .send(&Method::GET, "/", &get_headers(), None)
+        .send(&Method::GET, "/", &get_headers(), &NO_FIELDS, None)
         .await
         .map_err(|e| format!("{e:?}"))
         .unwrap();
@@ -255,7 +261,10 @@ async fn failure(answer: &'static [u8]) -> String {
         read_head(&mut far).await;
         far.write_all(answer).await.unwrap();
     });
-    match conn.send(&Method::GET, "/", &get_headers(), None).await {
+    match conn
+        .send(&Method::GET, "/", &get_headers(), &NO_FIELDS, None)
+        .await
+    {
         Err(SendError::Failed(e)) => e.to_string(),
         Err(SendError::Unsent(e)) => panic!("unsent: {e}"),
         Err(SendError::TimedOut) => panic!("timed out without a limit"),
@@ -320,7 +329,10 @@ async fn a_reused_connection_the_app_closed_is_seen_closed_and_its_failure_is_ma
     // Sent anyway (the close raced the pick): either nothing could be written (the pool
     // sends it again as it is), or the failure says the reused connection died before any
     // answer, which is what the re-send rule looks for.
-    match conn.send(&Method::GET, "/", &get_headers(), None).await {
+    match conn
+        .send(&Method::GET, "/", &get_headers(), &NO_FIELDS, None)
+        .await
+    {
         Err(SendError::Unsent(_)) => {}
         Err(SendError::TimedOut) => panic!("timed out without a limit"),
         Err(SendError::Failed(e)) => {
@@ -346,7 +358,7 @@ async fn answer_at_once(far: &mut TcpStream) {
 async fn read_and_answer(conn: &mut Connection, far: &mut TcpStream) {
     let headers = get_headers();
     let (sent, ()) = tokio::join!(
-        conn.send(&Method::GET, "/", &headers, None),
+        conn.send(&Method::GET, "/", &headers, &NO_FIELDS, None),
         answer_at_once(far)
     );
     assert!(sent.is_ok());
@@ -359,7 +371,10 @@ async fn a_new_connection_that_dies_before_answering_is_not_marked_for_a_resend(
         read_head(&mut far).await;
         drop(far);
     });
-    let err = match conn.send(&Method::GET, "/", &get_headers(), None).await {
+    let err = match conn
+        .send(&Method::GET, "/", &get_headers(), &NO_FIELDS, None)
+        .await
+    {
         Err(SendError::Failed(e)) => e,
         Err(SendError::Unsent(e)) => panic!("unsent: {e}"),
         Err(SendError::TimedOut) => panic!("timed out without a limit"),
@@ -388,7 +403,10 @@ async fn a_reused_connection_whose_answer_began_is_not_marked_for_a_resend() {
             .unwrap();
         drop(far);
     });
-    let err = match conn.send(&Method::GET, "/", &get_headers(), None).await {
+    let err = match conn
+        .send(&Method::GET, "/", &get_headers(), &NO_FIELDS, None)
+        .await
+    {
         Err(SendError::Failed(e)) => e,
         Err(SendError::Unsent(e)) => panic!("unsent: {e}"),
         Err(SendError::TimedOut) => panic!("timed out without a limit"),
@@ -411,14 +429,14 @@ async fn the_connection_s_one_timer_times_each_answer_from_its_own_request() {
     let limit = Some(Duration::from_millis(200));
     let headers = get_headers();
     let (sent, ()) = tokio::join!(
-        conn.send(&Method::GET, "/", &headers, limit),
+        conn.send(&Method::GET, "/", &headers, &NO_FIELDS, limit),
         answer_at_once(&mut far)
     );
     assert!(sent.is_ok(), "answered at once");
     // The first exchange's deadline passes while the connection idles: the timer fires.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (sent, ()) = tokio::join!(
-        conn.send(&Method::GET, "/", &headers, limit),
+        conn.send(&Method::GET, "/", &headers, &NO_FIELDS, limit),
         answer_at_once(&mut far)
     );
     assert!(
@@ -431,10 +449,66 @@ async fn the_connection_s_one_timer_times_each_answer_from_its_own_request() {
             &Method::GET,
             "/late",
             &headers,
+            &NO_FIELDS,
             Some(Duration::from_millis(50))
         ),
         read_head(&mut far)
     );
     assert!(head.starts_with("GET /late HTTP/1.1\r\n"), "{head}");
     assert!(matches!(sent, Err(SendError::TimedOut)), "timed out");
+}
+
+/// The head our connection writes carries the same fields as the map hyper's connection
+/// gets once the proxy's fields are applied to it: the client's of those names replaced.
+#[tokio::test]
+async fn the_proxy_s_fields_replace_the_client_s_in_the_written_head() {
+    use crate::proxy::proxy_fields::ForwardedFor;
+    let mut client = get_headers();
+    for (name, value) in [
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-forwarded-proto", "http"),
+        ("forwarded", "for=6.6.6.6"),
+        ("x-kamal-target", "elsewhere:1"),
+    ] {
+        client.append(name, HeaderValue::from_static(value));
+    }
+    for trust_client in [false, true] {
+        let f = ForwardedFor {
+            client_ip: &HeaderValue::from_static("10.0.0.1"),
+            host: Some(&HeaderValue::from_static("app.example")),
+            tls: true,
+            trust_client,
+        };
+        let fields = ProxyFields::new(&client, &f, &HeaderValue::from_static("web:3000"));
+        let (mut conn, mut far) = pair().await;
+        let (sent, head) = tokio::join!(
+            conn.send(&Method::GET, "/", &client, &fields, None),
+            async {
+                let head = read_head(&mut far).await;
+                far.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                    .await
+                    .unwrap();
+                head
+            }
+        );
+        assert!(sent.is_ok());
+        let mut written: Vec<&str> = head.trim_end().split("\r\n").skip(1).collect();
+        let mut applied = client.clone();
+        fields.apply(&mut applied);
+        let applied: Vec<String> = applied
+            .iter()
+            .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+            .collect();
+        let mut applied: Vec<&str> = applied.iter().map(String::as_str).collect();
+        written.sort_unstable();
+        applied.sort_unstable();
+        assert_eq!(written, applied, "trusted: {trust_client}");
+        let expected_for = if trust_client {
+            "x-forwarded-for: 6.6.6.6, 10.0.0.1"
+        } else {
+            "x-forwarded-for: 10.0.0.1"
+        };
+        assert!(written.contains(&expected_for), "{written:?}");
+        assert!(!written.iter().any(|l| l.starts_with("forwarded:")));
+    }
 }

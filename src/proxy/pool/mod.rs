@@ -62,6 +62,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::body::{RequestBody, UpstreamBody};
 use super::http1 as own;
+use super::proxy_fields::ProxyFields;
 use super::retry::Tracked;
 use crate::options::upstream::PoolSettings;
 
@@ -134,7 +135,8 @@ impl Pools {
         &self.settings
     }
 
-    /// Sends `req` (its URI absolute: the target's address is its authority).
+    /// Sends `req` (its URI absolute: the target's address is its authority) with the
+    /// proxy's `fields`, which replace the client's of the same names as it leaves.
     /// `answer_within` (`--target-timeout` or a `--path-timeout`) bounds the wait for the
     /// answer's head once the request is written, body included, as Go's
     /// `ResponseHeaderTimeout` does: a slow upload, or a wait at `--target-max-conns`, is
@@ -143,12 +145,13 @@ impl Pools {
     /// Not an `async fn`: those keep each argument twice in their future (as passed, and
     /// as bound), and a request is 328 bytes, copied with the future at each level.
     #[allow(clippy::manual_async_fn)]
-    pub(crate) fn send(
-        &self,
+    pub(crate) fn send<'a>(
+        &'a self,
         mut req: Request<RequestBody>,
+        fields: &'a ProxyFields,
         reuse: Reuse,
         answer_within: Option<Duration>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + '_ {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + 'a {
         async move {
             let Some(host) = req.uri().authority().cloned() else {
                 return Err(UpstreamError::new(
@@ -170,9 +173,10 @@ impl Pools {
                 && req.method() != Method::CONNECT
             {
                 return self
-                    .send_own(req, &target, &host, reuse, answer_within)
+                    .send_own(req, fields, &target, &host, reuse, answer_within)
                     .await;
             }
+            fields.apply(req.headers_mut());
             self.send_hyper(req, &target, &host, reuse, answer_within)
                 .await
         }
@@ -184,6 +188,7 @@ impl Pools {
     fn send_own<'a>(
         &'a self,
         req: Request<RequestBody>,
+        fields: &'a ProxyFields,
         target: &'a Arc<TargetPool>,
         host: &'a Authority,
         reuse: Reuse,
@@ -199,9 +204,9 @@ impl Pools {
                 let Conn::Own(mut conn) = conn.conn else {
                     unreachable!("a checkout of our own kind")
                 };
-                let answered = conn
-                    .conn
-                    .send(req.method(), path, req.headers(), answer_within);
+                let answered =
+                    conn.conn
+                        .send(req.method(), path, req.headers(), fields, answer_within);
                 let failed = match answered.await {
                     Ok(head) => {
                         // A connection's buffers stay at the largest head they held: one

@@ -1,0 +1,298 @@
+//! The fields the proxy sets on a request on its way to the target: `X-Forwarded-For`,
+//! `-Host` and `-Proto` (upstream's rules, from Go's `httputil.ReverseProxy`), and
+//! `X-Kamal-Target`; the client's `Forwarded` goes.
+//!
+//! They are worked out once per attempt and put on the request only where it leaves:
+//! written straight into the head by our own HTTP/1 connection, or set in the header map
+//! handed to hyper's. Setting them in the map first cost a hashed look-up and an insert
+//! for each of the four custom names, about 1,000 instructions a request
+//! (bench/README.md, "Eleventh round"), for a map that our connection then only reads.
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+use super::headers::{X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_KAMAL_TARGET};
+
+static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+
+/// What a request's forwarding fields come from.
+pub struct ForwardedFor<'a> {
+    /// The client's address, from [`super::headers::ip_value`].
+    pub client_ip: &'a HeaderValue,
+    /// The host the client asked for.
+    pub host: Option<&'a HeaderValue>,
+    pub tls: bool,
+    /// `--forward-headers`: trust and extend what the client sent.
+    pub trust_client: bool,
+}
+
+/// The proxy's fields for one request. `None`: the field is not sent at all (nor is the
+/// client's).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ProxyFields {
+    forwarded_for: Option<HeaderValue>,
+    forwarded_host: Option<HeaderValue>,
+    forwarded_proto: Option<HeaderValue>,
+    target: Option<HeaderValue>,
+}
+
+impl ProxyFields {
+    /// The fields for a request whose client sent `client` (read only when trusted) and
+    /// that goes to the target at `target`.
+    pub fn new(client: &HeaderMap, f: &ForwardedFor<'_>, target: &HeaderValue) -> Self {
+        let proto = HeaderValue::from_static(if f.tls { "https" } else { "http" });
+        if !f.trust_client {
+            // Nothing the client sent is kept.
+            return ProxyFields {
+                forwarded_for: Some(f.client_ip.clone()),
+                forwarded_host: f.host.cloned(),
+                forwarded_proto: Some(proto),
+                target: Some(target.clone()),
+            };
+        }
+        ProxyFields {
+            // The chain the client sent, with its address added.
+            forwarded_for: joined(client.get_all(&X_FORWARDED_FOR), false, f.client_ip),
+            // The client's first non-empty value, else the proxy's own.
+            forwarded_host: first_or(client, &X_FORWARDED_HOST, f.host.cloned()),
+            forwarded_proto: first_or(client, &X_FORWARDED_PROTO, Some(proto)),
+            target: joined(client.get_all(&X_KAMAL_TARGET), true, target),
+        }
+    }
+
+    /// Whether a field of the client's request gives way to these (`Forwarded` among
+    /// them: it goes).
+    pub fn replaces(name: &HeaderName) -> bool {
+        matches!(
+            name.as_str(),
+            "x-forwarded-for"
+                | "x-forwarded-host"
+                | "x-forwarded-proto"
+                | "x-kamal-target"
+                | "forwarded"
+        )
+    }
+
+    /// Sets the fields in `headers`, replacing the client's.
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        headers.remove(&FORWARDED);
+        for (name, value) in self.fields() {
+            match value {
+                Some(v) => drop(headers.insert(name, v.clone())),
+                None => drop(headers.remove(name)),
+            }
+        }
+    }
+
+    /// Writes the fields as lines of an HTTP/1 head (names in lower case, as hyper writes
+    /// them). The client's fields of these names must have been left out.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        for (name, value) in self.fields() {
+            if let Some(v) = value {
+                out.extend_from_slice(name.as_str().as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(v.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+
+    fn fields(&self) -> [(&'static HeaderName, Option<&HeaderValue>); 4] {
+        [
+            (&X_FORWARDED_FOR, self.forwarded_for.as_ref()),
+            (&X_FORWARDED_HOST, self.forwarded_host.as_ref()),
+            (&X_FORWARDED_PROTO, self.forwarded_proto.as_ref()),
+            (&X_KAMAL_TARGET, self.target.as_ref()),
+        ]
+    }
+}
+
+/// The client's values joined by `", "`, then `last`; empty values are skipped when
+/// `skip_empty`. `None` only if the joined text is not a valid value.
+fn joined(
+    prior: http::header::GetAll<'_, HeaderValue>,
+    skip_empty: bool,
+    last: &HeaderValue,
+) -> Option<HeaderValue> {
+    let mut text = Vec::new();
+    for v in prior.iter().filter(|v| !(skip_empty && v.is_empty())) {
+        text.extend_from_slice(v.as_bytes());
+        text.extend_from_slice(b", ");
+    }
+    if text.is_empty() {
+        return Some(last.clone());
+    }
+    text.extend_from_slice(last.as_bytes());
+    HeaderValue::from_bytes(&text).ok()
+}
+
+/// The first value the client sent when it is not empty, else `fallback`.
+fn first_or(
+    client: &HeaderMap,
+    name: &HeaderName,
+    fallback: Option<HeaderValue>,
+) -> Option<HeaderValue> {
+    match client.get(name) {
+        Some(first) if !first.is_empty() => Some(first.clone()),
+        _ => fallback,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header;
+
+    fn hv(s: &str) -> HeaderValue {
+        HeaderValue::from_str(s).unwrap()
+    }
+
+    fn all(h: &HeaderMap, n: &HeaderName) -> Vec<String> {
+        h.get_all(n)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// The client's fields as hyper's connection gets them. (That our own connection
+    /// writes the same: `http1::tests`.)
+    fn sent(client: &HeaderMap, f: &ForwardedFor<'_>, target: &str) -> HeaderMap {
+        let mut applied = client.clone();
+        ProxyFields::new(client, f, &hv(target)).apply(&mut applied);
+        applied
+    }
+
+    #[test]
+    fn forwarded_headers_default_and_trusted() {
+        let host = hv("example.com:8080");
+        let mut h = HeaderMap::new();
+        h.insert(&X_FORWARDED_FOR, hv("1.2.3.4"));
+        h.insert(&X_FORWARDED_PROTO, hv("https"));
+        h.insert(header::USER_AGENT, hv("curl"));
+        let f = ForwardedFor {
+            client_ip: &hv("10.0.0.1"),
+            host: Some(&host),
+            tls: false,
+            trust_client: false,
+        };
+        let untrusted = sent(&h, &f, "web:3000");
+        assert_eq!(untrusted[&X_FORWARDED_FOR], "10.0.0.1");
+        assert_eq!(untrusted[&X_FORWARDED_PROTO], "http");
+        assert_eq!(untrusted[&X_FORWARDED_HOST], "example.com:8080");
+        assert_eq!(untrusted[header::USER_AGENT], "curl");
+        let f = ForwardedFor {
+            trust_client: true,
+            ..f
+        };
+        let trusted = sent(&h, &f, "web:3000");
+        assert_eq!(trusted[&X_FORWARDED_FOR], "1.2.3.4, 10.0.0.1");
+        assert_eq!(trusted[&X_FORWARDED_PROTO], "https");
+        assert_eq!(trusted[&X_FORWARDED_HOST], "example.com:8080");
+    }
+
+    #[test]
+    fn trusted_forwarded_headers_with_several_or_empty_values() {
+        let client = super::super::headers::ip_value("10.0.0.1".parse().unwrap());
+        let host = hv("example.com");
+        let f = ForwardedFor {
+            client_ip: &client,
+            host: Some(&host),
+            tls: true,
+            trust_client: true,
+        };
+        let mut h = HeaderMap::new();
+        h.append(&X_FORWARDED_FOR, hv("1.1.1.1"));
+        h.append(&X_FORWARDED_FOR, hv("2.2.2.2"));
+        h.append(&X_FORWARDED_HOST, hv("first.example"));
+        h.append(&X_FORWARDED_HOST, hv("second.example"));
+        h.append(&X_FORWARDED_PROTO, hv(""));
+        h.append(&X_FORWARDED_PROTO, hv("http"));
+        h.insert(&FORWARDED, hv("for=3.3.3.3"));
+        let out = sent(&h, &f, "web:3000");
+        assert_eq!(all(&out, &X_FORWARDED_FOR), ["1.1.1.1, 2.2.2.2, 10.0.0.1"]);
+        assert_eq!(all(&out, &X_FORWARDED_HOST), ["first.example"]);
+        // An empty first value counts as absent: the proxy's own goes on.
+        assert_eq!(all(&out, &X_FORWARDED_PROTO), ["https"]);
+        assert!(out.get(&FORWARDED).is_none());
+
+        let mut h = HeaderMap::new();
+        h.append(&X_FORWARDED_HOST, hv(""));
+        let out = sent(&h, &ForwardedFor { host: None, ..f }, "web:3000");
+        assert_eq!(all(&out, &X_FORWARDED_FOR), ["10.0.0.1"]);
+        assert!(out.get(&X_FORWARDED_HOST).is_none());
+    }
+
+    #[test]
+    fn the_untrusted_client_s_forwarding_fields_all_go() {
+        let mut h = HeaderMap::new();
+        h.append(&X_FORWARDED_FOR, hv("6.6.6.6"));
+        h.append(&X_FORWARDED_HOST, hv("evil.example"));
+        h.append(&X_KAMAL_TARGET, hv("elsewhere:1"));
+        h.append(&FORWARDED, hv("for=6.6.6.6"));
+        let f = ForwardedFor {
+            client_ip: &hv("10.0.0.1"),
+            host: None,
+            tls: true,
+            trust_client: false,
+        };
+        let out = sent(&h, &f, "web:3000");
+        assert_eq!(all(&out, &X_FORWARDED_FOR), ["10.0.0.1"]);
+        assert!(out.get(&X_FORWARDED_HOST).is_none());
+        assert_eq!(all(&out, &X_FORWARDED_PROTO), ["https"]);
+        assert_eq!(all(&out, &X_KAMAL_TARGET), ["web:3000"]);
+        assert!(out.get(&FORWARDED).is_none());
+        assert_eq!(out.len(), 3);
+    }
+
+    #[test]
+    fn target_header_appends_to_trusted_client_values() {
+        let f = |trust_client| ForwardedFor {
+            client_ip: &X_IP,
+            host: None,
+            tls: false,
+            trust_client,
+        };
+        static X_IP: HeaderValue = HeaderValue::from_static("10.0.0.1");
+        let out = sent(&HeaderMap::new(), &f(true), "web:3000");
+        assert_eq!(all(&out, &X_KAMAL_TARGET), ["web:3000"]);
+        let mut h = HeaderMap::new();
+        h.append(&X_KAMAL_TARGET, hv("a:1"));
+        h.append(&X_KAMAL_TARGET, hv(""));
+        h.append(&X_KAMAL_TARGET, hv("b:2"));
+        let out = sent(&h, &f(true), "web:3000");
+        assert_eq!(all(&out, &X_KAMAL_TARGET), ["a:1, b:2, web:3000"]);
+        let out = sent(&h, &f(false), "web:3000");
+        assert_eq!(all(&out, &X_KAMAL_TARGET), ["web:3000"]);
+    }
+
+    #[test]
+    fn only_the_proxy_s_names_are_replaced() {
+        for name in [
+            "x-forwarded-for",
+            "X-Forwarded-Host",
+            "x-forwarded-proto",
+            "x-kamal-target",
+            "Forwarded",
+        ] {
+            assert!(
+                ProxyFields::replaces(&HeaderName::from_bytes(name.as_bytes()).unwrap()),
+                "{name}"
+            );
+        }
+        for name in [
+            "host",
+            "x-forwarded-port",
+            "x-request-id",
+            "forwarded-for",
+            "x-kamal",
+            "te",
+        ] {
+            assert!(
+                !ProxyFields::replaces(&HeaderName::from_bytes(name.as_bytes()).unwrap()),
+                "{name}"
+            );
+        }
+        let mut out = Vec::new();
+        ProxyFields::default().write(&mut out);
+        assert!(out.is_empty(), "no fields, nothing written");
+    }
+}
