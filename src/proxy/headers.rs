@@ -97,6 +97,15 @@ fn names_standard_hop_by_hop(token: &[u8]) -> bool {
     })
 }
 
+/// Whether a `Connection` value names nothing but hop-by-hop fields of the standard set
+/// and `close`: a field that [`remove_hop_by_hop`] would remove without removing any other.
+pub fn connection_names_no_other_field(value: &[u8]) -> bool {
+    value.split(|&b| b == b',').all(|token| {
+        let token = token.trim_ascii();
+        token.is_empty() || token.eq_ignore_ascii_case(b"close") || names_standard_hop_by_hop(token)
+    })
+}
+
 /// `Connection` first: [`remove_hop_by_hop`] reads it before removing it (and `TE`).
 static HOP_BY_HOP: [&HeaderName; 9] = [
     &header::CONNECTION,
@@ -253,6 +262,19 @@ mod tests {
         assert!(!remove_hop_by_hop(&mut h), "no TE, no trailers");
         assert_eq!(h.len(), 1);
         assert_eq!(h["x-app"], "kept");
+    }
+
+    #[test]
+    fn connection_values_naming_other_fields_are_told_apart() {
+        for value in ["keep-alive", "close", "Keep-Alive, Upgrade", "", " , TE"] {
+            assert!(connection_names_no_other_field(value.as_bytes()), "{value}");
+        }
+        for value in ["keep-alive, X-Secret", "closed", "x"] {
+            assert!(
+                !connection_names_no_other_field(value.as_bytes()),
+                "{value}"
+            );
+        }
     }
 
     #[test]

@@ -512,3 +512,26 @@ async fn the_proxy_s_fields_replace_the_client_s_in_the_written_head() {
         assert!(!written.iter().any(|l| l.starts_with("forwarded:")));
     }
 }
+
+/// A `Connection` field is read for the connection's sake and left out of the response,
+/// unless it names another field: then it stays, for the proxy to remove both.
+#[tokio::test]
+async fn the_response_s_connection_field_stays_only_when_it_names_another_field() {
+    let (response, released, _, _far) = exchange(
+        Method::GET,
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nX-App: 1\r\nContent-Length: 2\r\n\r\nok",
+        false,
+    )
+    .await;
+    assert!(released.load(Ordering::SeqCst), "kept alive");
+    assert!(!response.headers().contains_key(header::CONNECTION));
+    assert_eq!(response.headers()["x-app"], "1");
+    let (response, released, _, _far) = exchange(
+        Method::GET,
+        b"HTTP/1.1 200 OK\r\nConnection: close, X-App\r\nX-App: 1\r\nContent-Length: 2\r\n\r\nok",
+        false,
+    )
+    .await;
+    assert!(!released.load(Ordering::SeqCst), "Connection: close");
+    assert_eq!(response.headers()[header::CONNECTION], "close, X-App");
+}
