@@ -4,21 +4,24 @@
 
 use http::{HeaderMap, HeaderValue, Request, Version, header};
 
+use super::glance::Glance;
 use crate::proxy::rejection::Rejection;
 use crate::uri::{host_without_port, normalize_host};
 
-/// Checks the request's host headers and drops an `h2c` upgrade. On HTTP/1.1 an
-/// absolute-form target names the host (RFC 9112 §3.2.2): `Host` is set to it, so the
-/// router and the app see the same one.
-pub fn settle<B>(req: &mut Request<B>) -> Result<(), Rejection> {
-    refuse_h2c(req.headers_mut());
-    let mut hosts = req.headers().get_all(header::HOST).iter();
-    let host = hosts.next();
-    if hosts.next().is_some() {
+/// Checks the request's host headers and drops an `h2c` upgrade (`glance`: what the
+/// request's fields were). On HTTP/1.1 an absolute-form target names the host (RFC 9112
+/// §3.2.2): `Host` is set to it, and in `glance`, so the router and the app see the same
+/// one.
+pub fn settle<B>(req: &mut Request<B>, glance: &mut Glance) -> Result<(), Rejection> {
+    if glance.upgrade {
+        refuse_h2c(req.headers_mut());
+    }
+    if glance.more_hosts {
         return Err(Rejection::BadRequest {
             reason: "duplicate Host header",
         });
     }
+    let host = glance.host.as_ref();
     let authority = req.uri().authority();
     match req.version() {
         Version::HTTP_2 | Version::HTTP_3 => {
@@ -40,7 +43,8 @@ pub fn settle<B>(req: &mut Request<B>) -> Result<(), Rejection> {
             if let Some(authority) = authority {
                 if !same_host(host.as_bytes(), authority.as_str()) {
                     if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
-                        req.headers_mut().insert(header::HOST, v);
+                        req.headers_mut().insert(header::HOST, v.clone());
+                        glance.host = Some(v);
                     }
                 }
             }
@@ -100,6 +104,12 @@ mod tests {
         b.body(()).unwrap()
     }
 
+    /// Settles `r` as the pipeline does, after a glance at its fields.
+    fn settle_<B>(r: &mut Request<B>) -> Result<(), Rejection> {
+        let mut glance = Glance::of(r.headers());
+        settle(r, &mut glance)
+    }
+
     fn reason(r: Result<(), Rejection>) -> Option<&'static str> {
         match r {
             Err(Rejection::BadRequest { reason }) => Some(reason),
@@ -110,37 +120,43 @@ mod tests {
     #[test]
     fn http11_needs_exactly_one_host() {
         let mut r = request(Version::HTTP_11, "/", &[]);
-        assert_eq!(reason(settle(&mut r)), Some("missing Host header"));
+        assert_eq!(reason(settle_(&mut r)), Some("missing Host header"));
         let mut r = request(Version::HTTP_11, "/", &["a.test", "b.test"]);
-        assert_eq!(reason(settle(&mut r)), Some("duplicate Host header"));
+        assert_eq!(reason(settle_(&mut r)), Some("duplicate Host header"));
         let mut r = request(Version::HTTP_10, "/", &[]);
-        assert!(settle(&mut r).is_ok());
+        assert!(settle_(&mut r).is_ok());
         let mut r = request(Version::HTTP_11, "/", &["a.test"]);
-        assert!(settle(&mut r).is_ok());
+        assert!(settle_(&mut r).is_ok());
     }
 
     #[test]
     fn an_absolute_target_names_the_host() {
         let mut r = request(Version::HTTP_11, "http://b.test/x", &["a.test"]);
-        assert!(settle(&mut r).is_ok());
+        let mut glance = Glance::of(r.headers());
+        assert!(settle(&mut r, &mut glance).is_ok());
         assert_eq!(r.headers()[header::HOST], "b.test");
+        assert_eq!(
+            glance.host.unwrap(),
+            "b.test",
+            "the router sees the same host"
+        );
     }
 
     #[test]
     fn http2_authority_and_host_must_agree() {
         let mut r = request(Version::HTTP_2, "https://a.test/", &["b.test"]);
         assert_eq!(
-            reason(settle(&mut r)),
+            reason(settle_(&mut r)),
             Some("Host header differs from :authority")
         );
         for same in ["A.test", "a.test.", "a.test:443"] {
             let mut r = request(Version::HTTP_2, "https://a.test:443/", &[same]);
-            assert!(settle(&mut r).is_ok(), "{same}");
+            assert!(settle_(&mut r).is_ok(), "{same}");
         }
         let mut r = request(Version::HTTP_2, "https://a.test:8443/", &["a.test:443"]);
-        assert!(settle(&mut r).is_err());
+        assert!(settle_(&mut r).is_err());
         let mut r = request(Version::HTTP_2, "https://a.test/", &[]);
-        assert!(settle(&mut r).is_ok());
+        assert!(settle_(&mut r).is_ok());
     }
 
     #[test]
@@ -152,14 +168,14 @@ mod tests {
             &HTTP2_SETTINGS,
             HeaderValue::from_static("AAMAAABkAAQAoAAAAAIAAAAA"),
         );
-        settle(&mut r).unwrap();
+        settle_(&mut r).unwrap();
         assert!(!r.headers().contains_key(header::UPGRADE));
         assert!(!r.headers().contains_key(&HTTP2_SETTINGS));
 
         let mut r = request(Version::HTTP_11, "/", &["a.test"]);
         r.headers_mut()
             .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        settle(&mut r).unwrap();
+        settle_(&mut r).unwrap();
         assert_eq!(r.headers()[header::UPGRADE], "websocket");
     }
 }

@@ -1,7 +1,7 @@
 //! Listeners and the outermost request steps (ARCHITECTURE.md steps 1–4): liveness ping,
 //! request id and start stamp, the access log, and routing to a service.
 
-use http::{HeaderValue, Request, Response, header};
+use http::{HeaderValue, Request, Response};
 use hyper_util::rt::TokioTimer;
 use std::net::SocketAddr;
 
@@ -13,6 +13,7 @@ mod acme_http01;
 pub mod certificates;
 mod chunk_guard;
 mod framing;
+mod glance;
 pub mod h1;
 mod h1_timeouts;
 #[cfg(feature = "http3")]
@@ -39,7 +40,8 @@ use crate::proxy::rejection::{Refused, Rejection};
 use crate::recycle::Recycled;
 use crate::router::Router;
 use crate::service::Conn;
-use crate::uri::{host_without_port, request_host};
+use crate::uri::host_without_port;
+use glance::Glance;
 
 use limits::{ConnectionSlots, Limits};
 use proxy_protocol::ProxyProtocol;
@@ -406,13 +408,14 @@ pub async fn handle(
             return answer.render(None, req.method());
         }
     }
-    let request_id = ensure_request_id(&mut req);
-    ensure_request_start(&mut req);
-    let record = access_record(proxy, &req, conn, request_id);
+    let mut glance = Glance::of(req.headers());
+    let request_id = ensure_request_id(&mut req, &glance);
+    ensure_request_start(&mut req, &glance);
+    let record = access_record(proxy, &req, conn, request_id, &mut glance);
     let exchange = Exchange::new(record);
 
     // One meaning per request: which host it is for, or a 400 when that is ambiguous.
-    if let Err(rejection) = framing::settle(&mut req) {
+    if let Err(rejection) = framing::settle(&mut req, &mut glance) {
         let at = Refused {
             service: "",
             path: req.uri().path(),
@@ -420,7 +423,11 @@ pub async fn handle(
         };
         return rejection.respond(&at, None, exchange);
     }
-    let host = host_without_port(request_host(&req).unwrap_or(""));
+    let host = glance.host.as_ref().and_then(|h| h.to_str().ok());
+    let host = host_without_port(
+        host.or_else(|| req.uri().authority().map(|a| a.as_str()))
+            .unwrap_or(""),
+    );
     let Some((service, prefix)) = proxy.router.lookup(host, req.uri().path()) else {
         let at = Refused {
             service: "",
@@ -438,35 +445,25 @@ pub async fn handle(
 
 /// The request's id: the client's, or a fresh UUIDv4 set on the request. Returned as a
 /// header value, which shares its bytes instead of copying them for the log.
-fn ensure_request_id(req: &mut Request<ClientBody>) -> HeaderValue {
-    // One look-up (an entry) whether the client sent one or not.
-    let slot = match req.headers_mut().entry(&X_REQUEST_ID) {
-        http::header::Entry::Occupied(id) if !id.get().is_empty() => return id.get().clone(),
-        slot => slot,
-    };
+fn ensure_request_id(req: &mut Request<ClientBody>, glance: &Glance) -> HeaderValue {
+    if let Some(id) = &glance.request_id {
+        return id.clone();
+    }
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
     uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
     // The array itself is the shared buffer: one allocation, and the clone below is a
     // reference count (a copied `Bytes` allocated again when first cloned).
     let id = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(buf))
         .unwrap_or(HeaderValue::from_static(""));
-    set(slot, id.clone());
+    // Replaces an empty value the client sent.
+    req.headers_mut().insert(&X_REQUEST_ID, id.clone());
     id
 }
 
-/// Sets an entry's value, replacing any it had.
-fn set(slot: http::header::Entry<'_, HeaderValue>, value: HeaderValue) {
-    match slot {
-        http::header::Entry::Occupied(mut old) => drop(old.insert(value)),
-        http::header::Entry::Vacant(slot) => drop(slot.insert(value)),
+fn ensure_request_start(req: &mut Request<ClientBody>, glance: &Glance) {
+    if glance.request_start {
+        return;
     }
-}
-
-fn ensure_request_start(req: &mut Request<ClientBody>) {
-    let slot = match req.headers_mut().entry(&X_REQUEST_START) {
-        http::header::Entry::Occupied(start) if !start.get().is_empty() => return,
-        slot => slot,
-    };
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -480,7 +477,7 @@ fn ensure_request_start(req: &mut Request<ClientBody>) {
         }
         value.clone()
     });
-    set(slot, value);
+    req.headers_mut().insert(&X_REQUEST_START, value);
 }
 
 thread_local! {
@@ -505,21 +502,19 @@ fn access_record(
     req: &Request<ClientBody>,
     conn: Conn,
     request_id: HeaderValue,
+    glance: &mut Glance,
 ) -> AccessRecord {
     let headers = req.headers();
-    let host = headers.get(header::HOST).cloned().unwrap_or_else(|| {
+    let host = glance.host.clone().unwrap_or_else(|| {
         req.uri()
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
             .unwrap_or(HeaderValue::from_static(""))
     });
-    let mut forwarded_for = headers.get_all(&X_FORWARDED_FOR).iter();
-    let remote_addr = match (forwarded_for.next(), forwarded_for.next()) {
-        (Some(only), None) => Some(only.clone()),
-        (Some(_), Some(_)) => {
-            HeaderValue::from_str(&header_values(headers, X_FORWARDED_FOR.as_str())).ok()
-        }
-        _ => None,
+    let remote_addr = if glance.more_forwarded_for {
+        HeaderValue::from_str(&header_values(headers, X_FORWARDED_FOR.as_str())).ok()
+    } else {
+        glance.forwarded_for.take()
     };
     // As Go's `Request.ContentLength`: the declared length, 0 for a request that has no
     // body (neither Content-Length nor chunked), -1 when only the stream's end will tell.
@@ -543,11 +538,11 @@ fn access_record(
         method: crate::observe::metrics::method_label(req.method()),
         method_raw: req.method().clone(),
         req_content_length,
-        req_content_type: headers.get(header::CONTENT_TYPE).cloned(),
+        req_content_type: glance.content_type.take(),
         resp_content_type: None,
         client: conn.client,
         remote_addr,
-        user_agent: headers.get(header::USER_AGENT).cloned(),
+        user_agent: glance.user_agent.take(),
         proto: match req.version() {
             http::Version::HTTP_10 => "HTTP/1.0",
             http::Version::HTTP_2 => "HTTP/2.0",
