@@ -49,27 +49,38 @@ impl ProxyFields {
                 target: Some(target.clone()),
             };
         }
+        // Trusted (the default for plain HTTP), the client's values are read, but most
+        // requests carry none: one pass over the names tells which to look up (four
+        // look-ups of custom names cost about 600 instructions a request).
+        let mut sent = [false; 4];
+        for name in client.keys() {
+            if let Some(i) = index_of(name) {
+                sent[i] = true;
+            }
+        }
+        let [for_sent, host_sent, proto_sent, target_sent] = sent;
         ProxyFields {
             // The chain the client sent, with its address added.
-            forwarded_for: joined(client.get_all(&X_FORWARDED_FOR), false, f.client_ip),
+            forwarded_for: if for_sent {
+                joined(client.get_all(&X_FORWARDED_FOR), false, f.client_ip)
+            } else {
+                Some(f.client_ip.clone())
+            },
             // The client's first non-empty value, else the proxy's own.
-            forwarded_host: first_or(client, &X_FORWARDED_HOST, f.host.cloned()),
-            forwarded_proto: first_or(client, &X_FORWARDED_PROTO, Some(proto)),
-            target: joined(client.get_all(&X_KAMAL_TARGET), true, target),
+            forwarded_host: first_or(host_sent, client, &X_FORWARDED_HOST, f.host.cloned()),
+            forwarded_proto: first_or(proto_sent, client, &X_FORWARDED_PROTO, Some(proto)),
+            target: if target_sent {
+                joined(client.get_all(&X_KAMAL_TARGET), true, target)
+            } else {
+                Some(target.clone())
+            },
         }
     }
 
     /// Whether a field of the client's request gives way to these (`Forwarded` among
     /// them: it goes).
     pub fn replaces(name: &HeaderName) -> bool {
-        matches!(
-            name.as_str(),
-            "x-forwarded-for"
-                | "x-forwarded-host"
-                | "x-forwarded-proto"
-                | "x-kamal-target"
-                | "forwarded"
-        )
+        index_of(name).is_some() || name.as_str() == "forwarded"
     }
 
     /// Sets the fields in `headers`, replacing the client's.
@@ -106,6 +117,17 @@ impl ProxyFields {
     }
 }
 
+/// Where `name` is in [`ProxyFields::fields`]' order.
+fn index_of(name: &HeaderName) -> Option<usize> {
+    match name.as_str() {
+        "x-forwarded-for" => Some(0),
+        "x-forwarded-host" => Some(1),
+        "x-forwarded-proto" => Some(2),
+        "x-kamal-target" => Some(3),
+        _ => None,
+    }
+}
+
 /// The client's values joined by `", "`, then `last`; empty values are skipped when
 /// `skip_empty`. `None` only if the joined text is not a valid value.
 fn joined(
@@ -125,12 +147,16 @@ fn joined(
     HeaderValue::from_bytes(&text).ok()
 }
 
-/// The first value the client sent when it is not empty, else `fallback`.
+/// The first value the client sent (if `sent`) when it is not empty, else `fallback`.
 fn first_or(
+    sent: bool,
     client: &HeaderMap,
     name: &HeaderName,
     fallback: Option<HeaderValue>,
 ) -> Option<HeaderValue> {
+    if !sent {
+        return fallback;
+    }
     match client.get(name) {
         Some(first) if !first.is_empty() => Some(first.clone()),
         _ => fallback,

@@ -535,3 +535,42 @@ async fn the_response_s_connection_field_stays_only_when_it_names_another_field(
     assert!(!released.load(Ordering::SeqCst), "Connection: close");
     assert_eq!(response.headers()[header::CONNECTION], "close, X-App");
 }
+
+/// hyper's framing rules, applied to fields noted one line at a time.
+#[test]
+fn body_framing_from_the_fields_as_they_were_read() {
+    let framed = |lengths: &[&str], codings: Option<&'static str>| {
+        let mut body = BodyFields::default();
+        for l in lengths {
+            body.content_length(l.as_bytes());
+        }
+        body.transfer_encoding = codings.map(HeaderValue::from_static);
+        framing(StatusCode::OK, &Method::GET, Version::HTTP_11, body)
+    };
+    assert_eq!(framed(&["5"], None), Ok(Framing::Length(5)));
+    assert_eq!(framed(&["5, 5", " 5 "], None), Ok(Framing::Length(5)));
+    assert_eq!(framed(&["5", "6"], None), Err(ErrorKind::InvalidLength));
+    assert_eq!(framed(&["5,6"], None), Err(ErrorKind::InvalidLength));
+    assert_eq!(framed(&["", "5"], None), Err(ErrorKind::InvalidLength));
+    assert_eq!(framed(&[], None), Ok(Framing::UntilClose));
+    // Transfer-Encoding wins, even over a bad length; chunked only when it comes last.
+    assert_eq!(framed(&["x"], Some("gzip, chunked")), Ok(Framing::Chunked));
+    assert_eq!(framed(&[], Some("chunked, gzip")), Ok(Framing::UntilClose));
+    let body = BodyFields {
+        transfer_encoding: Some(HeaderValue::from_static("chunked")),
+        ..BodyFields::default()
+    };
+    assert_eq!(
+        framing(StatusCode::OK, &Method::GET, Version::HTTP_10, body),
+        Err(ErrorKind::InvalidHead)
+    );
+    assert_eq!(
+        framing(
+            StatusCode::NO_CONTENT,
+            &Method::GET,
+            Version::HTTP_11,
+            BodyFields::default()
+        ),
+        Ok(Framing::Empty)
+    );
+}
