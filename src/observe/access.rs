@@ -101,11 +101,13 @@ pub fn log_request(r: &AccessRecord, elapsed: std::time::Duration, bytes_sent: u
 
 /// The access line's fields, `"host":..,"port":..,..`, in upstream's order.
 fn write_fields(s: &mut String, r: &AccessRecord, duration_ns: i64, bytes_sent: u64) {
-    let key = |s: &mut String, k: &str| {
-        s.push_str(",\"");
-        s.push_str(k);
-        s.push_str("\":");
-    };
+    // `,"name":` as one literal: three pushes for each of 18 keys cost about 600
+    // instructions a line.
+    macro_rules! key {
+        ($s:expr, $k:literal) => {
+            $s.push_str(concat!(",\"", $k, "\":"))
+        };
+    }
     let (path, query) = match &r.path_and_query {
         Some(pq) => (pq.path(), pq.query().unwrap_or("")),
         None => ("", ""),
@@ -113,60 +115,63 @@ fn write_fields(s: &mut String, r: &AccessRecord, duration_ns: i64, bytes_sent: 
     let client_ip = IpText::of(r.client.ip());
     s.push_str("\"host\":");
     escape_value(s, Some(&r.host));
-    key(s, "port");
+    key!(s, "port");
     push_u64(s, u64::from(r.port));
-    key(s, "path");
+    key!(s, "path");
     json_escape_into(s, &decoded_path(path));
-    key(s, "request_id");
+    key!(s, "request_id");
     escape_value(s, Some(&r.request_id));
-    key(s, "status");
+    key!(s, "status");
     push_u64(s, u64::from(r.status));
-    key(s, "service");
+    key!(s, "service");
     json_escape_into(s, r.service.as_deref().unwrap_or(""));
-    key(s, "target");
+    key!(s, "target");
     json_escape_into(s, r.target.as_deref().unwrap_or(""));
-    key(s, "duration");
+    key!(s, "duration");
     push_i64(s, duration_ns);
-    key(s, "method");
-    json_escape_into(s, r.method_raw.as_str());
-    key(s, "req_content_length");
+    key!(s, "method");
+    // A method is a token: nothing in it to escape.
+    quoted(s, r.method_raw.as_str());
+    key!(s, "req_content_length");
     push_i64(s, r.req_content_length);
-    key(s, "req_content_type");
+    key!(s, "req_content_type");
     escape_value(s, r.req_content_type.as_ref());
-    key(s, "resp_content_length");
+    key!(s, "resp_content_length");
     push_u64(s, bytes_sent);
-    key(s, "resp_content_type");
+    key!(s, "resp_content_type");
     escape_value(s, r.resp_content_type.as_ref());
-    key(s, "client_addr");
+    key!(s, "client_addr");
     quoted(s, client_ip.as_str());
-    key(s, "client_port");
+    key!(s, "client_port");
     s.push('"');
     push_u64(s, u64::from(r.client.port()));
     s.push('"');
-    key(s, "remote_addr");
+    key!(s, "remote_addr");
     match &r.remote_addr {
         Some(v) => escape_value(s, Some(v)),
         None => quoted(s, client_ip.as_str()),
     }
-    key(s, "user_agent");
+    key!(s, "user_agent");
     escape_value(s, r.user_agent.as_ref());
-    key(s, "proto");
-    json_escape_into(s, r.proto);
-    key(s, "scheme");
-    json_escape_into(s, r.scheme);
-    key(s, "query");
+    key!(s, "proto");
+    quoted(s, r.proto);
+    key!(s, "scheme");
+    quoted(s, r.scheme);
+    key!(s, "query");
     json_escape_into(s, query);
     if r.retries > 0 {
-        key(s, "retries");
+        key!(s, "retries");
         push_u64(s, u64::from(r.retries));
     }
     for (k, v) in r.req_headers.iter().chain(r.resp_headers.iter()) {
-        key(s, k);
+        s.push_str(",\"");
+        s.push_str(k);
+        s.push_str("\":");
         json_escape_into(s, v);
     }
 }
 
-/// Text that needs no escaping (digits, dots, colons), in quotes.
+/// Text that needs no escaping (digits, dots, colons; a method, a protocol), in quotes.
 fn quoted(s: &mut String, text: &str) {
     s.push('"');
     s.push_str(text);
