@@ -70,6 +70,26 @@ X-App: kept\r\n\r\n",
     assert_eq!(header(&echo, "x-app"), Some("kept"));
 }
 
+/// Go's proxy keeps the host apart from the fields: a `Connection` that names `Host`
+/// removes nothing, and the app sees the host the client asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_field_naming_host_does_not_take_the_host_away() {
+    let (_b, proxy) = serve(&[]).await;
+    let r = raw::send(
+        proxy.http_port,
+        b"GET /echo HTTP/1.1\r\nHost: app.test\r\nConnection: keep-alive, Host\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let echo = r.json();
+    assert_eq!(header(&echo, "host"), Some("app.test"), "{echo}");
+    assert_eq!(
+        header(&echo, "x-forwarded-host"),
+        Some("app.test"),
+        "{echo}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn te_trailers_is_kept_and_no_user_agent_is_invented() {
     let (_b, proxy) = serve(&[]).await;

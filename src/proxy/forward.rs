@@ -259,8 +259,8 @@ impl Forwarder {
             };
             let original_host = client_host.or_else(|| host_from_uri.clone());
             // `TE` goes with the other hop-by-hop fields, except its `trailers`.
-            let wants_trailers = headers::remove_hop_by_hop(&mut parts.headers);
-            if wants_trailers {
+            let hop_by_hop = headers::remove_hop_by_hop(&mut parts.headers);
+            if hop_by_hop.trailers {
                 parts
                     .headers
                     .insert(header::TE, HeaderValue::from_static("trailers"));
@@ -278,7 +278,14 @@ impl Forwarder {
             );
             // Kept (a reference count, not a copy) only when the response's cookies need it.
             let cookie_host = up.cookies.scope_paths.and(original_host.as_ref()).cloned();
-            if let Some(h) = host_from_uri {
+            // The client's `Host` stays where it is, unless `Connection` named it (Go's proxy
+            // keeps the host apart from the fields: naming it removes nothing).
+            let host_to_set = if hop_by_hop.named_others {
+                original_host
+            } else {
+                host_from_uri
+            };
+            if let Some(h) = host_to_set {
                 parts.headers.insert(header::HOST, h);
             }
             if let Some(kind) = &upgrade {

@@ -13,9 +13,18 @@ pub static X_KAMAL_TARGET: HeaderName = HeaderName::from_static("x-kamal-target"
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
-/// Removes hop-by-hop headers, including any named in `Connection`. Returns whether a
-/// `TE` among them asked for `trailers`, which a request may pass on (as Go's proxy does).
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> bool {
+/// What [`remove_hop_by_hop`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HopByHop {
+    /// A `TE` asked for `trailers`, which a request may pass on (as Go's proxy does).
+    pub trailers: bool,
+    /// `Connection` named fields beyond the standard hop-by-hop set, and they went (a
+    /// request's `Host` among them, which the proxy then sets again).
+    pub named_others: bool,
+}
+
+/// Removes hop-by-hop headers, including any named in `Connection`.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> HopByHop {
     // One pass over the names present, then a removal for each one found: a lookup for
     // every hop-by-hop name cost more than the rest of the header work (bench/README.md).
     let mut present = [false; HOP_BY_HOP.len()];
@@ -27,13 +36,14 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> bool {
         }
     }
     if !any {
-        return false;
+        return HopByHop::default();
     }
-    let wants_trailers = present[TE]
+    let trailers = present[TE]
         && headers
             .get_all(header::TE)
             .iter()
             .any(|te| has_token(te.as_bytes(), b"trailers"));
+    let mut named_others = false;
     if present[0] {
         // Names listed in `Connection` beyond the standard set (its tokens are mostly
         // `keep-alive` or `upgrade`, which the set covers: then nothing is allocated).
@@ -51,6 +61,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> bool {
                 }
             }
         }
+        named_others = !named.is_empty();
         for n in named {
             headers.remove(n);
         }
@@ -60,11 +71,14 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> bool {
             headers.remove(*h);
         }
     }
-    wants_trailers
+    HopByHop {
+        trailers,
+        named_others,
+    }
 }
 
 /// Where `name` is in [`HOP_BY_HOP`]. Matched on the name's text, whose length alone rules
-/// out most names: comparing each name with all eight (now nine) `HeaderName`s cost about 70
+/// out most names: comparing each name with every `HeaderName` of the list cost about 70
 /// instructions a name, some 500 a request (bench/README.md, "Ninth round").
 fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
     let i = match name.as_str() {
@@ -97,12 +111,13 @@ fn names_standard_hop_by_hop(token: &[u8]) -> bool {
     })
 }
 
-/// Whether a `Connection` value names nothing but hop-by-hop fields of the standard set
-/// and `close`: a field that [`remove_hop_by_hop`] would remove without removing any other.
+/// Whether a `Connection` value names nothing but hop-by-hop fields of the standard set: a
+/// field that [`remove_hop_by_hop`] would remove without removing any other. (`close`
+/// counts as a name, as Go's proxy has it: a field named `Close` goes with it.)
 pub fn connection_names_no_other_field(value: &[u8]) -> bool {
     value.split(|&b| b == b',').all(|token| {
         let token = token.trim_ascii();
-        token.is_empty() || token.eq_ignore_ascii_case(b"close") || names_standard_hop_by_hop(token)
+        token.is_empty() || names_standard_hop_by_hop(token)
     })
 }
 
@@ -193,8 +208,9 @@ pub fn ip_value(ip: std::net::IpAddr) -> HeaderValue {
 }
 
 /// `--client-ip-header`: when the request carries a non-empty `name`, its value replaces
-/// `X-Forwarded-For` before the proxy's fields are worked out ([`super::proxy_fields`]), and is what the access log shows as
-/// `remote_addr`. Returns that value. `name` itself is forwarded unchanged.
+/// `X-Forwarded-For` before the proxy's fields are worked out ([`super::proxy_fields`]),
+/// and is what the access log shows as `remote_addr`. Returns that value. `name` itself
+/// is forwarded unchanged.
 pub fn apply_client_ip_header(headers: &mut HeaderMap, name: &str) -> Option<HeaderValue> {
     let value = headers.get(name).filter(|v| !v.is_empty())?.clone();
     headers.insert(&X_FORWARDED_FOR, value.clone());
@@ -259,17 +275,19 @@ mod tests {
         h.insert("keep-alive", hv("timeout=5"));
         h.insert(header::TRANSFER_ENCODING, hv("chunked"));
         h.insert("x-app", hv("kept"));
-        assert!(!remove_hop_by_hop(&mut h), "no TE, no trailers");
+        let found = remove_hop_by_hop(&mut h);
+        assert!(!found.trailers, "no TE, no trailers");
+        assert!(found.named_others, "X-Secret was named");
         assert_eq!(h.len(), 1);
         assert_eq!(h["x-app"], "kept");
     }
 
     #[test]
     fn connection_values_naming_other_fields_are_told_apart() {
-        for value in ["keep-alive", "close", "Keep-Alive, Upgrade", "", " , TE"] {
+        for value in ["keep-alive", "Keep-Alive, Upgrade", "", " , TE"] {
             assert!(connection_names_no_other_field(value.as_bytes()), "{value}");
         }
-        for value in ["keep-alive, X-Secret", "closed", "x"] {
+        for value in ["keep-alive, X-Secret", "close", "closed", "x"] {
             assert!(
                 !connection_names_no_other_field(value.as_bytes()),
                 "{value}"
@@ -283,11 +301,17 @@ mod tests {
         h.insert(header::TE, hv("gzip"));
         h.append(header::TE, hv("deflate, Trailers"));
         h.insert("x-app", hv("kept"));
-        assert!(remove_hop_by_hop(&mut h));
+        assert_eq!(
+            remove_hop_by_hop(&mut h),
+            HopByHop {
+                trailers: true,
+                named_others: false
+            }
+        );
         assert!(!h.contains_key(header::TE));
         assert_eq!(h.len(), 1);
         h.insert(header::TE, hv("gzip"));
-        assert!(!remove_hop_by_hop(&mut h));
+        assert!(!remove_hop_by_hop(&mut h).trailers);
         assert!(!h.contains_key(header::TE));
     }
 

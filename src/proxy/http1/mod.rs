@@ -460,25 +460,29 @@ impl BodyFields {
     /// One `Content-Length` line: a list of lengths that must all be the same (and the
     /// same as any earlier line's).
     fn content_length(&mut self, value: &[u8]) {
-        let Ok(known) = self.length else {
+        let Ok(mut length) = self.length else {
             return;
         };
-        self.length = (|| {
-            let mut length = known;
-            let text = std::str::from_utf8(value).map_err(|_| ErrorKind::InvalidLength)?;
-            for part in text.split(',') {
-                let part = part.trim();
-                if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(ErrorKind::InvalidLength);
+        // As bytes: only ASCII spaces around a length (a `HeaderValue` as text, which the
+        // map's reading used, refused anything else).
+        for part in value.split(|&b| b == b',') {
+            let part = part.trim_ascii();
+            let n = if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+                None
+            } else {
+                std::str::from_utf8(part)
+                    .ok()
+                    .and_then(|digits| digits.parse::<u64>().ok())
+            };
+            match n {
+                Some(n) if length.is_none_or(|l| l == n) => length = Some(n),
+                _ => {
+                    self.length = Err(ErrorKind::InvalidLength);
+                    return;
                 }
-                let n: u64 = part.parse().map_err(|_| ErrorKind::InvalidLength)?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(ErrorKind::InvalidLength);
-                }
-                length = Some(n);
             }
-            Ok(length)
-        })();
+        }
+        self.length = Ok(length);
     }
 }
 

@@ -534,6 +534,15 @@ async fn the_response_s_connection_field_stays_only_when_it_names_another_field(
     .await;
     assert!(!released.load(Ordering::SeqCst), "Connection: close");
     assert_eq!(response.headers()[header::CONNECTION], "close, X-App");
+    // `close` names a field too (as in Go's proxy): the line stays for the proxy to
+    // remove a field called `Close` with it.
+    let (response, _, _, _far) = exchange(
+        Method::GET,
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nClose: 1\r\nContent-Length: 2\r\n\r\nok",
+        false,
+    )
+    .await;
+    assert_eq!(response.headers()[header::CONNECTION], "close");
 }
 
 /// hyper's framing rules, applied to fields noted one line at a time.
@@ -552,6 +561,9 @@ fn body_framing_from_the_fields_as_they_were_read() {
     assert_eq!(framed(&["5", "6"], None), Err(ErrorKind::InvalidLength));
     assert_eq!(framed(&["5,6"], None), Err(ErrorKind::InvalidLength));
     assert_eq!(framed(&["", "5"], None), Err(ErrorKind::InvalidLength));
+    // Only ASCII spaces around a length, as the value read as text allowed.
+    assert_eq!(framed(&["5\u{a0}"], None), Err(ErrorKind::InvalidLength));
+    assert_eq!(framed(&["\t5 "], None), Ok(Framing::Length(5)));
     assert_eq!(framed(&[], None), Ok(Framing::UntilClose));
     // Transfer-Encoding wins, even over a bad length; chunked only when it comes last.
     assert_eq!(framed(&["x"], Some("gzip, chunked")), Ok(Framing::Chunked));
