@@ -8,9 +8,14 @@
 # Knobs: DURATION (wrk seconds, default 20), CONNECTIONS (default 16), BASE_PORT (18600),
 # THREADS (TOKIO_WORKER_THREADS for the proxy, default 2), OUT (callgrind.out path, default
 # bench/results/<stamp>.callgrind.out), KP_ARGS (extra `run` flags).
-# Prints: requests served (counted from the access log, one line each), instructions in
-# the measured window, instructions per request, then a breakdown by component
-# (bench/README.md, "Where the time goes").
+#   PEER=nginx    count nginx as the proxy instead (one worker, access log off, keep-alive
+#                 upstream as in bench/run.sh): the same load, the peer's instructions
+#   CACHE_SIM=1   also simulate this machine's caches and branch predictor: misses a request
+#   FOOTPRINT=1   also record each instruction's address, and print how much code a request
+#                 runs, by function (bench/cg_footprint.py)
+# Prints: requests served (counted from the access log, one line each; wrk's count for the
+# peer), instructions in the measured window, instructions per request, then a breakdown by
+# component (bench/README.md, "Where the time goes").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -21,7 +26,12 @@ THREADS="${THREADS:-2}"
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$ROOT/bench/results"
 OUT="${OUT:-$ROOT/bench/results/$STAMP.callgrind.out}"
-KP_BIN="${KP_BIN:?set KP_BIN to a release kamal-proxy built with symbols (see bench/README.md)}"
+PEER="${PEER:-}"
+[[ -z "$PEER" || "$PEER" == nginx ]] || { echo "callgrind.sh: PEER is nginx or unset" >&2; exit 1; }
+[[ -n "$PEER" ]] || KP_BIN="${KP_BIN:?set KP_BIN to a release kamal-proxy built with symbols (see bench/README.md)}"
+VG_OPTS=(--tool=callgrind --instr-atstart=no)
+[[ "${CACHE_SIM:-}" == 1 ]] && VG_OPTS+=(--cache-sim=yes --branch-sim=yes)
+[[ "${FOOTPRINT:-}" == 1 ]] && VG_OPTS+=(--dump-instr=yes)
 for tool in valgrind callgrind_control callgrind_annotate wrk nginx; do
     command -v "$tool" >/dev/null || { echo "callgrind.sh: $tool is missing" >&2; exit 1; }
 done
@@ -70,26 +80,47 @@ nginx -p "$WORK/up" -e "$WORK/up/error.log" -c "$WORK/up/nginx.conf" &
 PIDS+=($!)
 wait_port "$PORT_UP"
 
-export HOME="$WORK/kp/home" KAMAL_PROXY_SOCKET="$WORK/kp/kp.sock"
-# The access log goes to a file, as in production; its line count is the request count.
-TOKIO_WORKER_THREADS=$THREADS valgrind --tool=callgrind --instr-atstart=no \
-    --callgrind-out-file="$OUT" "$KP_BIN" run --http-port="$PORT_KP" --https-port="$PORT_KPS" \
-    ${KP_ARGS:-} >"$WORK/kp/access.log" 2>"$WORK/kp/stderr.log" &
-KP_PID=$!
-PIDS+=("$KP_PID")
-wait_port "$PORT_KP"
-until [[ -S "$KAMAL_PROXY_SOCKET" ]]; do sleep 0.2; done
-"$KP_BIN" deploy bench --target="127.0.0.1:$PORT_UP" >/dev/null
-# Warm-up (uninstrumented): pool connections, lazily built tables.
-wrk -t1 -c"$CONNECTIONS" -d3s "http://127.0.0.1:$PORT_KP/" >/dev/null
-sleep 1
-before=$(grep -c '"msg":"Request"' "$WORK/kp/access.log" || true)
-callgrind_control -i on "$KP_PID" >/dev/null
-wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$PORT_KP/" >"$WORK/wrk.txt"
-# Let the log writer drain what the measured requests queued.
-sleep 2
-callgrind_control -i off "$KP_PID" >/dev/null
-after=$(grep -c '"msg":"Request"' "$WORK/kp/access.log" || true)
+if [[ -n "$PEER" ]]; then
+    # The peer as bench/run.sh runs it, in one process (master_process off) so that
+    # valgrind follows the worker.
+    mkdir -p "$WORK/px/tmp"
+    sed -e "s#$WORK/up#$WORK/px#g" -e "s#^daemon off;#daemon off;\nmaster_process off;#" \
+        -e "s#    server { listen.*#    upstream app { server 127.0.0.1:$PORT_UP; keepalive 64; }\n    server { listen 127.0.0.1:$PORT_KP; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }#" \
+        "$WORK/up/nginx.conf" >"$WORK/px/nginx.conf"
+    valgrind "${VG_OPTS[@]}" --callgrind-out-file="$OUT" \
+        nginx -p "$WORK/px" -e "$WORK/px/error.log" -c "$WORK/px/nginx.conf" 2>"$WORK/px/valgrind.log" &
+    KP_PID=$!
+    PIDS+=("$KP_PID")
+    wait_port "$PORT_KP"
+    wrk -t1 -c"$CONNECTIONS" -d3s "http://127.0.0.1:$PORT_KP/" >/dev/null
+    sleep 1
+    callgrind_control -i on "$KP_PID" >/dev/null
+    wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$PORT_KP/" >"$WORK/wrk.txt"
+    callgrind_control -i off "$KP_PID" >/dev/null
+    before=0
+    after=$(awk '/requests in/ { print $1 }' "$WORK/wrk.txt")
+else
+    export HOME="$WORK/kp/home" KAMAL_PROXY_SOCKET="$WORK/kp/kp.sock"
+    # The access log goes to a file, as in production; its line count is the request count.
+    TOKIO_WORKER_THREADS=$THREADS valgrind "${VG_OPTS[@]}" \
+        --callgrind-out-file="$OUT" "$KP_BIN" run --http-port="$PORT_KP" --https-port="$PORT_KPS" \
+        ${KP_ARGS:-} >"$WORK/kp/access.log" 2>"$WORK/kp/stderr.log" &
+    KP_PID=$!
+    PIDS+=("$KP_PID")
+    wait_port "$PORT_KP"
+    until [[ -S "$KAMAL_PROXY_SOCKET" ]]; do sleep 0.2; done
+    "$KP_BIN" deploy bench --target="127.0.0.1:$PORT_UP" >/dev/null
+    # Warm-up (uninstrumented): pool connections, lazily built tables.
+    wrk -t1 -c"$CONNECTIONS" -d3s "http://127.0.0.1:$PORT_KP/" >/dev/null
+    sleep 1
+    before=$(grep -c '"msg":"Request"' "$WORK/kp/access.log" || true)
+    callgrind_control -i on "$KP_PID" >/dev/null
+    wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$PORT_KP/" >"$WORK/wrk.txt"
+    # Let the log writer drain what the measured requests queued.
+    sleep 2
+    callgrind_control -i off "$KP_PID" >/dev/null
+    after=$(grep -c '"msg":"Request"' "$WORK/kp/access.log" || true)
+fi
 callgrind_control -d "$KP_PID" >/dev/null
 kill -TERM "$KP_PID"
 wait "$KP_PID" 2>/dev/null || true
@@ -104,4 +135,14 @@ done
 echo "requests: $requests   instructions: $total   per request: $((total / (requests > 0 ? requests : 1)))"
 echo "wrk (under valgrind, meaningless as throughput): $(grep 'Requests/sec' "$WORK/wrk.txt")"
 echo "callgrind output: $OUT*"
-if [[ -f "$OUT.1" ]]; then python3 "$ROOT/bench/cg_breakdown.py" "$OUT.1" "$requests"; fi
+if [[ "${CACHE_SIM:-}" == 1 && -f "$OUT.1" ]]; then
+    # Misses a request: level-1 instruction and data (read, write) caches, last level,
+    # conditional and indirect branches mispredicted.
+    callgrind_annotate "$OUT.1" 2>/dev/null | awk -v n="$requests" '
+        /^Events shown:/ { for (i = 3; i <= NF; i++) ev[i - 2] = $i }
+        /PROGRAM TOTALS/ { k = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9,]+$/) { gsub(",", "", $i); v[++k] = $i }
+                           line = "per request:"; for (j = 1; j <= k; j++) line = line sprintf(" %s %.0f", ev[j], v[j] / n)
+                           print line; exit }'
+fi
+if [[ "${FOOTPRINT:-}" == 1 && -f "$OUT.1" ]]; then python3 "$ROOT/bench/cg_footprint.py" "$OUT.1" "$requests"; fi
+if [[ -z "$PEER" && -f "$OUT.1" ]]; then python3 "$ROOT/bench/cg_breakdown.py" "$OUT.1" "$requests"; fi

@@ -12,7 +12,8 @@
 #   QUICK=1          smoke mode: DURATION=2 C1_DURATION=2 WARMUP=0
 #   CONNECTIONS=64   connections of the saturated run
 #   IDLE_CONNS=10000 idle keep-alive connections held open for the "RSS with idle connections" column (0 = skip)
-#   KP_BIN=path      use this kamal-proxy binary instead of `cargo build --release`
+#   KP_BIN=path      use this kamal-proxy binary instead of building the shipped one
+#                    (`bash scripts/pgo build`: the release build with the committed profile)
 #   KP_STDOUT=path   where kamal-proxy's stdout (its access log) goes, appended; default a
 #                    file in the run's temporary directory (a file on disk, as in production)
 #   TARGETS="direct kamal-proxy nginx nginx-log haproxy caddy"   subset / order (caddy only when installed)
@@ -188,9 +189,9 @@ if ((KP_WANTED)); then
         [[ -x "$KP_BIN" ]] || die "KP_BIN=$KP_BIN is not an executable file"
     else
         need cargo
-        log "building kamal-proxy (cargo build --release)"
-        (cd "$ROOT" && cargo build --release) || die "cargo build --release failed"
-        KP_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/kamal-proxy"
+        # The binary we ship: the release build with the committed profile.
+        log "building kamal-proxy (bash scripts/pgo build)"
+        KP_BIN=$(bash "$ROOT/scripts/pgo" build | tail -n 1) || die "bash scripts/pgo build failed"
         [[ "$KP_BIN" == /* ]] || KP_BIN="$ROOT/$KP_BIN"
         [[ -x "$KP_BIN" ]] || die "build finished but $KP_BIN is missing"
     fi

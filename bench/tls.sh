@@ -9,7 +9,7 @@
 #
 # Prints req/s for each and the ratio kamal-proxy ÷ nginx, then each proxy's CPU time per
 # request (its process's user + system time over the run). Knobs (optional):
-#   DURATION=10   seconds per run        KP_BIN=path   skip `cargo build --release`
+#   DURATION=10   seconds per run        KP_BIN=path   skip `bash scripts/pgo build`
 #   ROUNDS=3      rounds, alternating kamal-proxy and nginx; the median of each is reported
 #   KP_STDOUT=path   where kamal-proxy's access log goes; default a file in the run's temporary
 #                    directory (a file on disk, as in production and bench/run.sh; nginx logs nothing)
@@ -56,9 +56,9 @@ trap cleanup EXIT
 trap 'echo "bench-tls: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 if [[ -z "${KP_BIN:-}" ]]; then
-    log "cargo build --release"
-    (cd "$ROOT" && cargo build --release --quiet)
-    KP_BIN="$ROOT/target/release/kamal-proxy"
+    # The binary we ship: the release build with the committed profile.
+    log "bash scripts/pgo build"
+    KP_BIN=$(bash "$ROOT/scripts/pgo" build --quiet | tail -n 1)
 fi
 
 # One certificate for both proxies.
