@@ -463,8 +463,8 @@ impl BodyFields {
         let Ok(mut length) = self.length else {
             return;
         };
-        // As bytes: only ASCII spaces around a length (a `HeaderValue` as text, which the
-        // map's reading used, refused anything else).
+        // As bytes: only ASCII whitespace (spaces, tabs) is trimmed around a length; the
+        // map's reading, a `HeaderValue` as text, refused any other byte that is not ASCII.
         for part in value.split(|&b| b == b',') {
             let part = part.trim_ascii();
             let n = if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
