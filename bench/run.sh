@@ -6,10 +6,12 @@
 #
 # Environment knobs (all optional):
 #   SETTINGS="pinned unpinned"   which settings to run, in this order
-#   DURATION=10      seconds per saturated run (wrk -c64)
-#   C1_DURATION=5    seconds per one-connection latency run (wrk -t1 -c1)
+#   ROUNDS=3         rounds per setting: every target is loaded once a round, each round in
+#                    another order (rotated), and each figure is the median of its rounds
+#   DURATION=5       seconds per saturated run (wrk -c64), each round
+#   C1_DURATION=3    seconds per one-connection latency run (wrk -t1 -c1), each round
 #   WARMUP=1         seconds of unmeasured c64 load before each target's runs (0 = none)
-#   QUICK=1          smoke mode: DURATION=2 C1_DURATION=2 WARMUP=0
+#   QUICK=1          smoke mode: ROUNDS=1 DURATION=2 C1_DURATION=2 WARMUP=0
 #   CONNECTIONS=64   connections of the saturated run
 #   IDLE_CONNS=10000 idle keep-alive connections held open for the "RSS with idle connections" column (0 = skip)
 #   KP_BIN=path      use this kamal-proxy binary instead of building the shipped one
@@ -27,12 +29,14 @@ set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 if [[ "${QUICK:-0}" == 1 ]]; then
+    ROUNDS="${ROUNDS:-1}"
     DURATION="${DURATION:-2}"
     C1_DURATION="${C1_DURATION:-2}"
     WARMUP="${WARMUP:-0}"
 fi
-DURATION="${DURATION:-10}"
-C1_DURATION="${C1_DURATION:-5}"
+ROUNDS="${ROUNDS:-3}"
+DURATION="${DURATION:-5}"
+C1_DURATION="${C1_DURATION:-3}"
 WARMUP="${WARMUP:-1}"
 CONNECTIONS="${CONNECTIONS:-64}"
 IDLE_CONNS="${IDLE_CONNS:-10000}"
@@ -51,11 +55,12 @@ STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { printf '[bench] ERROR: %s\n' "$*" >&2; exit 1; }
 
-for v in DURATION C1_DURATION WARMUP CONNECTIONS IDLE_CONNS BASE_PORT; do
+for v in ROUNDS DURATION C1_DURATION WARMUP CONNECTIONS IDLE_CONNS BASE_PORT; do
     [[ "${!v}" =~ ^[0-9]+$ ]] || { echo "bench: $v must be a whole number, got '${!v}'" >&2; exit 2; }
 done
 ((DURATION > 0 && DURATION <= 600 && C1_DURATION > 0 && C1_DURATION <= 600 && WARMUP <= 60)) ||
     { echo "bench: durations must be 1..600 s (warmup 0..60 s)" >&2; exit 2; }
+((ROUNDS >= 1 && ROUNDS <= 9)) || { echo "bench: ROUNDS must be 1..9" >&2; exit 2; }
 ((IDLE_CONNS <= 20000)) || { echo "bench: IDLE_CONNS must be at most 20000" >&2; exit 2; }
 for s in $SETTINGS; do
     [[ $s == pinned || $s == unpinned ]] || { echo "bench: unknown setting '$s' (known: pinned unpinned)" >&2; exit 2; }
@@ -529,6 +534,7 @@ run_wrk() { # out threads connections duration url
 
 # Results, keyed "setting/target".
 declare -A RPS P50 P99 C1P50 IDLE_KB LOAD_KB CONNS_KB CONNS_OPEN CONNS_JSON CPU_US CPU_PCT OTHER_PCT ERRS
+declare -A RPS_R P50_R P99_R C1P50_R CPU_US_R CPU_PCT_R OTHER_PCT_R # one value per round, space separated
 declare -A S_DESC S_LOADAVG S_KPLOG
 
 # RSS of the target with IDLE_CONNS idle keep-alive connections open to it, each having
@@ -564,15 +570,27 @@ measure_idle_conns() { # target
     fi
 }
 
-measure_target() { # target
-    local t=$1 k="$SETTING/$1" url="http://127.0.0.1:${PORT_OF[$1]}/" pid=${PID_OF[$1]}
+# Appends one round's value to a target's list (NAME_R[key], space separated).
+add_round() { # array key value
+    local -n list=$1
+    list[$2]+="$3 "
+}
+# The median of a list of numbers; "-" when any round had none (other% unpinned).
+median_of() {
+    [[ " $1 " == *" - "* || -z "${1// /}" ]] && { printf -- -; return; }
+    tr ' ' '\n' <<<"$1" | grep . | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+measure_target() { # target round: one round's loads of a target, added to its lists
+    local t=$1 round=$2 k="$SETTING/$1" url="http://127.0.0.1:${PORT_OF[$1]}/" pid=${PID_OF[$1]}
     local ticks0 ticks1 cb0=0 ct0=0 cb1=0 ct1=0 t0 t1 r f reqs cu cp perf_pid="" single_cpu=""
     [[ $SETTING == pinned && "$PROXY_CPUS" =~ ^[0-9]+$ ]] && single_cpu=$PROXY_CPUS
     if ((WARMUP > 0)); then run_wrk "$SW/$t.warmup.txt" "$WRK_THREADS" "$CONNECTIONS" "$WARMUP" "$url"; fi
 
-    log "[$SETTING] $t: c$CONNECTIONS for ${DURATION}s"
+    log "[$SETTING] round $round/$ROUNDS, $t: c$CONNECTIONS for ${DURATION}s"
     start_sampler "$pid" "$SW/$t.peak"
-    if [[ "$PERF" == 1 && $t == kamal-proxy ]]; then
+    if [[ "$PERF" == 1 && $t == kamal-proxy && "${PERF_DONE:-}" != "$SETTING" ]]; then
         "${PIN_LOAD[@]}" perf record -F 999 -p "$pid" -o "$SW/kp.perf.data" -- sleep "$DURATION" \
             >"$SW/perf-record.log" 2>&1 &
         perf_pid=$!
@@ -588,12 +606,15 @@ measure_target() { # target
     stop_sampler
     # "other%": CPU time on the proxy's core used by anything but the proxy (other
     # processes, plus interrupt/softirq time not charged to it). Only when pinned to one CPU.
-    OTHER_PCT[$k]="-"
+    local other="-"
     if [[ -n "$single_cpu" && $t != direct ]] && ((ct1 > ct0)); then
-        OTHER_PCT[$k]=$(((100 * (cb1 - cb0 - (ticks1 - ticks0))) / (ct1 - ct0)))
-        ((OTHER_PCT[$k] >= 0)) || OTHER_PCT[$k]=0
+        other=$(((100 * (cb1 - cb0 - (ticks1 - ticks0))) / (ct1 - ct0)))
+        ((other >= 0)) || other=0
     fi
+    add_round OTHER_PCT_R "$k" "$other"
     if [[ -n "$perf_pid" ]]; then
+        # One profile a setting: its first round's (a later one would overwrite it).
+        PERF_DONE=$SETTING
         wait "$perf_pid" || log "perf record failed: $(tail -n 3 "$SW/perf-record.log")"
         untrack "$perf_pid"
         if [[ -s "$SW/kp.perf.data" ]]; then
@@ -613,26 +634,47 @@ measure_target() { # target
             log "perf profile written to ${perf_out#"$ROOT"/} (req/s of this run is lowered by perf)"
         fi
     fi
-    LOAD_KB[$k]=$(cat "$SW/$t.peak" 2>/dev/null || echo 0)
+    # RSS under load: the highest of every round's peak.
+    local peak
+    peak=$(cat "$SW/$t.peak" 2>/dev/null || echo 0)
     r=$(rss_kb "$pid")
-    if ((r > LOAD_KB[$k])); then LOAD_KB[$k]=$r; fi
+    ((r > peak)) || r=$peak
+    ((r > ${LOAD_KB[$k]:-0})) && LOAD_KB[$k]=$r
     f="$SW/$t.c$CONNECTIONS.txt"
-    RPS[$k]=$(wrk_field "$f" rps)
-    P50[$k]=$(wrk_field "$f" p50)
-    P99[$k]=$(wrk_field "$f" p99)
-    ERRS[$k]=$(wrk_field "$f" errors)
+    add_round RPS_R "$k" "$(wrk_field "$f" rps)"
+    add_round P50_R "$k" "$(wrk_field "$f" p50)"
+    add_round P99_R "$k" "$(wrk_field "$f" p99)"
+    ERRS[$k]=$((${ERRS[$k]:-0} + $(wrk_field "$f" errors)))
     reqs=$(wrk_field "$f" requests)
     read -r cu cp < <(awk -v d=$((ticks1 - ticks0)) -v hz="$CLK_TCK" -v n="$reqs" -v a="$t0" -v b="$t1" \
         'BEGIN { s = d / hz; printf "%.1f %.0f\n", (n > 0 ? s * 1e6 / n : 0), (b > a ? 100 * s / (b - a) : 0) }')
-    CPU_US[$k]=$cu CPU_PCT[$k]=$cp
+    add_round CPU_US_R "$k" "$cu"
+    add_round CPU_PCT_R "$k" "$cp"
 
-    log "[$SETTING] $t: c1 for ${C1_DURATION}s"
+    log "[$SETTING] round $round/$ROUNDS, $t: c1 for ${C1_DURATION}s"
     run_wrk "$SW/$t.c1.txt" 1 1 "$C1_DURATION" "$url"
-    C1P50[$k]=$(wrk_field "$SW/$t.c1.txt" p50)
+    add_round C1P50_R "$k" "$(wrk_field "$SW/$t.c1.txt" p50)"
     ERRS[$k]=$((ERRS[$k] + $(wrk_field "$SW/$t.c1.txt" errors)))
 
-    if [[ $t != direct ]] && ((IDLE_CONNS > 0)); then measure_idle_conns "$t"; fi
+    # Once, after the last round's loads: holding 10,000 connections is slow, and its RSS
+    # varies little from round to round.
+    if ((round == ROUNDS)) && [[ $t != direct ]] && ((IDLE_CONNS > 0)); then measure_idle_conns "$t"; fi
     kill -0 "$pid" 2>/dev/null || die "$t exited during the run"
+}
+
+# Each figure of a target in a setting: the median of its rounds (req/s, latencies, CPU).
+settle_rounds() { # setting
+    local t k
+    for t in $TARGETS; do
+        k="$1/$t"
+        RPS[$k]=$(median_of "${RPS_R[$k]}")
+        P50[$k]=$(median_of "${P50_R[$k]}")
+        P99[$k]=$(median_of "${P99_R[$k]}")
+        CPU_US[$k]=$(median_of "${CPU_US_R[$k]}")
+        CPU_PCT[$k]=$(median_of "${CPU_PCT_R[$k]}")
+        OTHER_PCT[$k]=$(median_of "${OTHER_PCT_R[$k]}")
+        C1P50[$k]=$(median_of "${C1P50_R[$k]}")
+    done
 }
 
 run_setting() { # setting
@@ -662,8 +704,15 @@ run_setting() { # setting
     sleep 1
     for t in $TARGETS; do IDLE_KB[$SETTING/$t]=$(rss_kb "${PID_OF[$t]}"); done
 
-    log "[$SETTING] load: wrk -t$WRK_THREADS -c$CONNECTIONS -d${DURATION}s, then wrk -t1 -c1 -d${C1_DURATION}s; warmup ${WARMUP}s; then $IDLE_CONNS idle connections"
-    for t in $TARGETS; do measure_target "$t"; done
+    log "[$SETTING] load: $ROUNDS round(s) of wrk -t$WRK_THREADS -c$CONNECTIONS -d${DURATION}s, then wrk -t1 -c1 -d${C1_DURATION}s; warmup ${WARMUP}s; $IDLE_CONNS idle connections after the last"
+    # Interleaved: round r starts r-1 targets further along the list, so no target is always
+    # loaded first or last (a machine's noise drifts over minutes).
+    local -a order=($TARGETS)
+    local round n=${#order[@]}
+    for ((round = 1; round <= ROUNDS; round++)); do
+        for ((i = 0; i < n; i++)); do measure_target "${order[(i + round - 1) % n]}" "$round"; done
+    done
+    settle_rounds "$SETTING"
     S_LOADAVG[$SETTING]=$(cut -d' ' -f1-3 /proc/loadavg)
     stop_from "$first"
 }
@@ -692,7 +741,7 @@ report_setting() { # setting
     echo
     echo "== $s: ${S_DESC[$s]}"
     echo "   wrk -t$([[ $s == pinned ]] && echo 1 || echo 2) -c$CONNECTIONS -d${DURATION}s (req/s, p50, p99, cpu, load RSS); wrk -t1 -c1 -d${C1_DURATION}s (c1 p50);" \
-        "load avg at end: ${S_LOADAVG[$s]}"
+        "medians of $ROUNDS interleaved round(s); load avg at end: ${S_LOADAVG[$s]}"
     echo
     local HDR="%-12s %9s %8s %8s %8s %9s %8s %5s %6s %8s %8s %8s %6s\n"
     printf "$HDR" target req/s p50_ms p99_ms c1p50_us +c1p50_us cpu_us/r cpu% other% idle_MiB load_MiB 10k_MiB errors
@@ -781,6 +830,7 @@ json="$RESULTS_DIR/$STAMP.json"
 jstr() { local s=$1; s=${s//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/ }; printf '"%s"' "$s"; }
 num() { [[ -z "$1" || "$1" == null || "$1" == - ]] && printf null || printf '%s' "$1"; }
 mibnum() { [[ -z "$1" ]] && printf null || mib "$1"; }
+rounds_json() { local v; v=$(echo $1); printf '%s' "${v// /, }"; } # "1 2 3 " -> 1, 2, 3
 version_of() { # program -> its version, or null when not installed (never fails: pipefail is on)
     local v=""
     case $1 in
@@ -798,8 +848,8 @@ version_of() { # program -> its version, or null when not installed (never fails
     printf '  "kamal_proxy_bin": %s,\n' "$(jstr "${KP_BIN:-}")"
     printf '  "cpus": %s,\n  "loadavg_end": %s,\n' "$NCPU" "$(jstr "$(cut -d' ' -f1-3 /proc/loadavg)")"
     printf '  "targets": %s,\n' "$(jstr "$TARGETS")"
-    printf '  "load": {"tool": "wrk", "connections": %s, "duration_s": %s, "c1_duration_s": %s, "warmup_s": %s, "idle_connections": %s},\n' \
-        "$CONNECTIONS" "$DURATION" "$C1_DURATION" "$WARMUP" "$IDLE_CONNS"
+    printf '  "load": {"tool": "wrk", "rounds": %s, "connections": %s, "duration_s": %s, "c1_duration_s": %s, "warmup_s": %s, "idle_connections": %s},\n' \
+        "$ROUNDS" "$CONNECTIONS" "$DURATION" "$C1_DURATION" "$WARMUP" "$IDLE_CONNS"
     printf '  "versions": {"nginx": %s, "haproxy": %s, "caddy": %s, "wrk": %s},\n' \
         "$(version_of nginx)" "$(version_of haproxy)" "$(version_of caddy)" "$(version_of wrk)"
     printf '  "settings": {'
@@ -828,6 +878,8 @@ version_of() { # program -> its version, or null when not installed (never fails
                 "$(jstr "$t")" "$(num "${RPS[$k]}")" "$(num "${P50[$k]}")" "$(num "${P99[$k]}")" "$(num "${C1P50[$k]}")" "$(added_c1 "$s" "$t")"
             printf '"cpu_us_per_req": %s, "cpu_percent": %s, "other_on_core_percent": %s, ' \
                 "$(num "${CPU_US[$k]}")" "$(num "${CPU_PCT[$k]}")" "$(num "${OTHER_PCT[$k]}")"
+            printf '"rounds_req_per_s": [%s], "rounds_cpu_us_per_req": [%s], ' \
+                "$(rounds_json "${RPS_R[$k]}")" "$(rounds_json "${CPU_US_R[$k]}")"
             printf '"idle_rss_mib": %s, "load_rss_mib": %s, "idle_conns_rss_mib": %s, "idle_conns": %s, "errors": %s}' \
                 "$(mibnum "${IDLE_KB[$k]}")" "$(mibnum "${LOAD_KB[$k]}")" "$(mibnum "${CONNS_KB[$k]:-}")" "${CONNS_JSON[$k]:-null}" "${ERRS[$k]}"
         done

@@ -8,7 +8,9 @@
 #      `Connection: close`: every request is a new TCP connection and a full handshake)
 #
 # Prints req/s for each and the ratio kamal-proxy ÷ nginx, then each proxy's CPU time per
-# request (its process's user + system time over the run). Knobs (optional):
+# request (its process's user + system time over the run), and the load generator's (where
+# it is the limit, as for new handshakes, its cost a request is what req/s measures).
+# Knobs (optional):
 #   DURATION=10   seconds per run        KP_BIN=path   skip `bash scripts/pgo build`
 #   ROUNDS=3      rounds, alternating kamal-proxy and nginx; the median of each is reported
 #   KP_STDOUT=path   where kamal-proxy's access log goes; default a file in the run's temporary
@@ -130,15 +132,22 @@ NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx/proxy.pid")" | head -n 1)
 
 declare -A R # "<target>,<metric>" -> space-separated req/s of every round
 declare -A C # "<target>,<metric>" -> space-separated CPU µs per request of every round
+declare -A L # "<target>,<metric>" -> the load generator's CPU µs per request, every round
 measure() { # target metric load-function args...: one run, its req/s and CPU per request
-    local target=$1 metric=$2 pid=$KP_PID c0 rps
+    local target=$1 metric=$2 pid=$KP_PID c0 rps out client
     shift 2
     [[ $target == nginx ]] && pid=$NGINX_WORKER
     c0=$(cpu_ticks "$pid")
-    rps=$("$@")
+    # `times` in the same subshell: its second line is the user and system time of the
+    # subshell's children, the load generator (and the greps that read its output).
+    out=$("$@"; times)
+    rps=$(head -n 1 <<<"$out")
+    client=$(sed -n 3p <<<"$out" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] } print t }')
     R[$target,$metric]+="$rps "
     C[$target,$metric]+="$(awk -v t=$(($(cpu_ticks "$pid") - c0)) -v us="$TICK_US" -v r="$rps" -v d="$DURATION" \
         'BEGIN { if (r > 0) printf "%.1f", t * us / (r * d); else print 0 }') "
+    L[$target,$metric]+="$(awk -v s="$client" -v r="$rps" -v d="$DURATION" \
+        'BEGIN { if (r > 0) printf "%.1f", s * 1e6 / (r * d); else print 0 }') "
 }
 for ((round = 1; round <= ROUNDS; round++)); do
     order="kamal-proxy nginx"
@@ -154,19 +163,23 @@ done
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 for key in "${!R[@]}"; do R[$key]=$(median "${R[$key]}"); done
 for key in "${!C[@]}"; do C[$key]=$(median "${C[$key]}"); done
+for key in "${!L[@]}"; do L[$key]=$(median "${L[$key]}"); done
 RSS=$(awk '/VmRSS/ {print $2}' "/proc/$KP_PID/status" 2>/dev/null || echo "?")
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 table() { # title, the array ("R" or "C"), then the labels of the h2, h1 and handshake rows
     local title=$1 labels=("$3" "$4" "$5") i=0 k
     local -n values=$2
-    printf '\n%-34s %14s %14s %8s\n' "$title" kamal-proxy nginx ratio
+    printf '\n%-42s %14s %14s %8s\n' "$title" kamal-proxy nginx ratio
     for k in h2 h1 hs; do
-        printf '%-34s %14s %14s %8s\n' "${labels[i++]}" "${values[kamal-proxy,$k]}" "${values[nginx,$k]}" \
+        printf '%-42s %14s %14s %8s\n' "${labels[i++]}" "${values[kamal-proxy,$k]}" "${values[nginx,$k]}" \
             "$(ratio "${values[kamal-proxy,$k]}" "${values[nginx,$k]}")"
     done
 }
 table "HTTPS, median of $ROUNDS x $DURATION s" R \
     "HTTP/2 req/s (c10 m10)" "HTTP/1.1 over TLS req/s (c64)" "new TLS handshakes/s (c32)"
 table "proxy CPU µs per request, median" C "HTTP/2" "HTTP/1.1 over TLS" "new TLS handshake + request"
+# Where the load generator is the limit (new handshakes), its own cost a request decides
+# req/s: a proxy idle between a client's packets costs the client a wake-up each time.
+table "load generator CPU µs per request, median" L "HTTP/2" "HTTP/1.1 over TLS" "new TLS handshake + request"
 printf 'kamal-proxy RSS after the runs: %s KiB; pinned: %s\n' "$RSS" "$PIN"
