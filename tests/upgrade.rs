@@ -195,6 +195,17 @@ async fn hold_waits_for_sigterm_and_is_not_in_the_help() {
         .arg("hold")
         .spawn()
         .unwrap();
+    let pid = hold.id().unwrap();
+    // A SIGTERM sent before the handler is installed would kill it by the default action
+    // (on a loaded machine the process may still be starting): wait until the kernel
+    // reports SIGTERM as caught.
+    let mut waited = 0;
+    while !catches_sigterm(pid) {
+        assert!(hold.try_wait().unwrap().is_none(), "hold exited by itself");
+        assert!(waited < 3000, "hold never installed its SIGTERM handler");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        waited += 1;
+    }
     // Still running after the kernel has had every chance to run it to completion:
     // a second process started after it has already answered.
     let help = tokio::process::Command::new(testkit::bin())
@@ -206,12 +217,22 @@ async fn hold_waits_for_sigterm_and_is_not_in_the_help() {
     assert!(help.contains("drain"), "{help}");
     assert!(!help.contains("hold"), "{help}");
     assert!(hold.try_wait().unwrap().is_none(), "hold exited by itself");
-    let pid = hold.id().unwrap().to_string();
     std::process::Command::new("kill")
-        .args(["-TERM", &pid])
+        .args(["-TERM", &pid.to_string()])
         .status()
         .unwrap();
     assert_eq!(hold.wait().await.unwrap().code(), Some(0));
+}
+
+/// Whether process `pid` has a handler for SIGTERM (`SigCgt` in /proc/PID/status, a hex
+/// mask whose bit n-1 is signal n).
+fn catches_sigterm(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
 }
 
 #[tokio::test(flavor = "multi_thread")]
