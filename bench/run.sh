@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side HTTP/1.1 benchmark on loopback: upstream direct, kamal-proxy, nginx (log off
-# and, for information, log on), HAProxy and (when installed) Caddy, all proxying to the
+# and, for information, log on), HAProxy (as configured by default and, for information,
+# adding kamal-proxy's request headers) and (when installed) Caddy, all proxying to the
 # same nginx `return 200` backend, in two settings: pinned (one core per proxy) and unpinned
 # (both cores, every proxy with two workers). See bench/README.md for how to read the output.
 #
@@ -18,8 +19,8 @@
 #                    (`bash scripts/pgo build`: the release build with the committed profile)
 #   KP_STDOUT=path   where kamal-proxy's stdout (its access log) goes, appended; default a
 #                    file in the run's temporary directory (a file on disk, as in production)
-#   TARGETS="direct kamal-proxy nginx nginx-log haproxy caddy"   subset / order (caddy only when installed)
-#   BASE_PORT=18400  ports BASE_PORT..BASE_PORT+6 on 127.0.0.1 are used
+#   TARGETS="direct kamal-proxy nginx nginx-log haproxy haproxy-hdr caddy"   subset / order (caddy only when installed)
+#   BASE_PORT=18400  ports BASE_PORT..BASE_PORT+7 on 127.0.0.1 are used
 #   PROXY_CPUS=0  LOAD_CPUS=1  UPSTREAM_CPUS=$LOAD_CPUS   taskset CPU lists of the pinned setting
 #   RESULTS_DIR=bench/results   where the JSON goes
 #   PERF=1           also `perf record` kamal-proxy during its c64 runs (flat profile saved next to the JSON)
@@ -69,7 +70,7 @@ done
 
 # Caddy is optional: in the default targets only when installed, skipped when asked for but absent.
 if [[ -z "${TARGETS:-}" ]]; then
-    TARGETS="direct kamal-proxy nginx nginx-log haproxy"
+    TARGETS="direct kamal-proxy nginx nginx-log haproxy haproxy-hdr"
     if command -v caddy >/dev/null 2>&1; then
         TARGETS="$TARGETS caddy"
     else
@@ -88,7 +89,8 @@ PORT_NGINX=$((BASE_PORT + 3))
 PORT_HAPROXY=$((BASE_PORT + 4))
 PORT_CADDY=$((BASE_PORT + 5))
 PORT_NGINX_LOG=$((BASE_PORT + 6))
-ALL_PORTS="$PORT_UPSTREAM $PORT_KP $PORT_KP_HTTPS $PORT_NGINX $PORT_HAPROXY $PORT_CADDY $PORT_NGINX_LOG"
+PORT_HAPROXY_HDR=$((BASE_PORT + 7))
+ALL_PORTS="$PORT_UPSTREAM $PORT_KP $PORT_KP_HTTPS $PORT_NGINX $PORT_HAPROXY $PORT_CADDY $PORT_NGINX_LOG $PORT_HAPROXY_HDR"
 
 # ---------------------------------------------------------------- cleanup ---
 WORK=""
@@ -153,9 +155,9 @@ for t in $TARGETS; do
     case $t in
         direct | kamal-proxy) ;;
         nginx | nginx-log) need nginx ;;
-        haproxy) need haproxy ;;
+        haproxy | haproxy-hdr) need haproxy ;;
         caddy) need caddy ;;
-        *) die "unknown target '$t' (known: direct kamal-proxy nginx nginx-log haproxy caddy)" ;;
+        *) die "unknown target '$t' (known: direct kamal-proxy nginx nginx-log haproxy haproxy-hdr caddy)" ;;
     esac
 done
 need nginx # the upstream backend
@@ -360,6 +362,7 @@ PORT_OF[kamal-proxy]=$PORT_KP
 PORT_OF[nginx]=$PORT_NGINX
 PORT_OF[nginx-log]=$PORT_NGINX_LOG
 PORT_OF[haproxy]=$PORT_HAPROXY
+PORT_OF[haproxy-hdr]=$PORT_HAPROXY_HDR
 PORT_OF[caddy]=$PORT_CADDY
 
 # Per setting, set by configure_setting: pinning, wrk threads, peers' workers/threads.
@@ -451,10 +454,21 @@ start_nginx_proxy() { # target (nginx | nginx-log)
     wait_port "${PORT_OF[$t]}" "$t proxy" "${PID_OF[$t]}"
 }
 
-start_haproxy() {
-    local d="$SW/haproxy"
+# haproxy-hdr's additions: the request headers kamal-proxy adds to every request it forwards
+# (kamal-proxy-upstream.md §3.8), each set as kamal-proxy sets it, so the backend parses the
+# same request. Its row is for information: how much of the gap to HAProxy is the work
+# these headers cost HAProxy and the backend.
+HAPROXY_HDR_RULES='    option forwardfor
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+    http-request set-header X-Forwarded-Proto http
+    http-request set-header X-Request-ID %[uuid] unless { req.hdr(x-request-id) -m found }
+    http-request set-header X-Request-Start t=%[date(0,ms)] unless { req.hdr(x-request-start) -m found }
+    http-request set-header X-Kamal-Target 127.0.0.1:'"$PORT_UPSTREAM"
+start_haproxy() { # target (haproxy | haproxy-hdr)
+    local t=$1 d="$SW/$1" rules=""
+    if [[ $t == haproxy-hdr ]]; then rules=$HAPROXY_HDR_RULES; fi
     mkdir -p "$d"
-    log "[$SETTING] starting haproxy (nbthread $WORKERS) on 127.0.0.1:$PORT_HAPROXY"
+    log "[$SETTING] starting $t (nbthread $WORKERS) on 127.0.0.1:${PORT_OF[$t]}"
     cat >"$d/haproxy.cfg" <<EOF
 global
     nbthread $WORKERS
@@ -471,16 +485,17 @@ defaults
     timeout server 30s
     timeout http-keep-alive 75s
 frontend fe
-    bind 127.0.0.1:$PORT_HAPROXY
+    bind 127.0.0.1:${PORT_OF[$t]}
+$rules
     default_backend be
 backend be
     http-reuse always
     server s1 127.0.0.1:$PORT_UPSTREAM
 EOF
     "${PIN_PROXY[@]}" haproxy -db -f "$d/haproxy.cfg" >"$d/stdout.log" 2>&1 &
-    PID_OF[haproxy]=$!
-    track "${PID_OF[haproxy]}" "haproxy"
-    wait_port "$PORT_HAPROXY" haproxy "${PID_OF[haproxy]}"
+    PID_OF[$t]=$!
+    track "${PID_OF[$t]}" "$t"
+    wait_port "${PORT_OF[$t]}" "$t" "${PID_OF[$t]}"
 }
 
 start_caddy() {
@@ -688,7 +703,7 @@ run_setting() { # setting
         case $t in
             kamal-proxy) start_kamal_proxy ;;
             nginx | nginx-log) start_nginx_proxy "$t" ;;
-            haproxy) start_haproxy ;;
+            haproxy | haproxy-hdr) start_haproxy "$t" ;;
             caddy) start_caddy ;;
         esac
     done
@@ -781,8 +796,9 @@ report_setting() { # setting
         echo
         echo "kamal-proxy ÷ peer, $s. req/s: above 1 = kamal-proxy better; every other column: below 1 = kamal-proxy better."
         echo "nginx and haproxy run with their access logs off (kamal-proxy's is on, to a file): those are the ratios to meet."
-        echo "Rows marked (info) are for information: nginx-log is nginx writing a JSON access log like kamal-proxy's."
-        local RHDR="%-17s %7s %7s %8s %8s %8s %8s %8s\n"
+        echo "Rows marked (info) are for information: nginx-log is nginx writing a JSON access log like kamal-proxy's;"
+        echo "haproxy-hdr is HAProxy adding the request headers kamal-proxy adds (X-Forwarded-For/-Host/-Proto, X-Request-ID, X-Request-Start, X-Kamal-Target)."
+        local RHDR="%-19s %7s %7s %8s %8s %8s %8s %8s\n"
         printf "$RHDR" peer req/s p99 +c1p50 cpu_us/r idle_RSS load_RSS 10k_RSS
         for t in $TARGETS; do
             [[ $t == kamal-proxy || $t == direct ]] && continue
