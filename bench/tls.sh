@@ -4,12 +4,17 @@
 #
 #   1. HTTP/2 over TLS, kept-alive connections:   h2load -c 10 -m 10
 #   2. HTTP/1.1 over TLS, kept-alive connections: h2load --h1 -c 64
-#   3. new TLS handshakes/s: one request per connection (wrk over https with
-#      `Connection: close`: every request is a new TCP connection and a full handshake)
+#   3. resumed TLS handshakes/s: one request per connection (wrk over https with
+#      `Connection: close`: every request is a new TCP connection and handshake; wrk offers
+#      the session of its previous connection, and both proxies resume it)
+#   4. full TLS handshakes/s: one request per connection, no resumption (8 `openssl s_time
+#      -new` clients, each one connection at a time)
 #
 # Prints req/s for each and the ratio kamal-proxy ÷ nginx, then each proxy's CPU time per
 # request (its process's user + system time over the run), and the load generator's (where
 # it is the limit, as for new handshakes, its cost a request is what req/s measures).
+# openssl's `s_time` sends `GET <page> HTTP/1.0` with no Host; its page here carries the
+# request line's end and a Host header, so both proxies route the request to the upstream.
 # Knobs (optional):
 #   DURATION=10   seconds per run        KP_BIN=path   skip `bash scripts/pgo build`
 #   ROUNDS=3      rounds, alternating kamal-proxy and nginx; the median of each is reported
@@ -120,6 +125,30 @@ wrk_rps() {
     grep 'Socket errors' <<<"$out" >&2 || true
     sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' <<<"$out"
 }
+# Full handshakes: `s_time -new` makes a new session for every connection (wrk and h2load
+# resume theirs). Eight clients at once, each one connection at a time; req/s is all their
+# connections over the wall time.
+STIME_CLIENTS=8
+STIME_PAGE=$'/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nX-Pad: x'
+stime_rps() { # port
+    local pids=() i t0 t1 total=0 n
+    t0=$(date +%s.%N)
+    for ((i = 1; i <= STIME_CLIENTS; i++)); do
+        "${CPU1[@]}" openssl s_time -connect "localhost:$1" -new -time "$DURATION" -www "$STIME_PAGE" \
+            >"$WORK/stime.$i" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[i]}" || { cat "$WORK/stime.$((i + 1))" >&2; echo "openssl s_time failed" >&2; exit 1; }
+    done
+    t1=$(date +%s.%N)
+    for ((i = 1; i <= STIME_CLIENTS; i++)); do
+        n=$(sed -n 's/^\([0-9]*\) connections in [0-9]* real seconds.*/\1/p' "$WORK/stime.$i")
+        [[ -n "$n" ]] || { cat "$WORK/stime.$i" >&2; echo "openssl s_time printed no count" >&2; exit 1; }
+        total=$((total + n))
+    done
+    awk -v n="$total" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f\n", n / (b - a) }'
+}
 
 # CPU time a proxy spent per request: its process's user + system time over the run
 # (/proc/PID/stat), divided by the requests served. Where the load generator rather than
@@ -157,7 +186,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
         url="https://localhost:$port/"
         log "round $round/$ROUNDS $target: h2 c10 m10"; measure "$target" h2 h2load_rps -c 10 -m 10 "$url"
         log "round $round/$ROUNDS $target: h1.1 over TLS c64"; measure "$target" h1 h2load_rps --h1 -c 64 -m 1 "$url"
-        log "round $round/$ROUNDS $target: new handshake per request c32"; measure "$target" hs wrk_rps 32 "$url"
+        log "round $round/$ROUNDS $target: resumed handshake per request c32"; measure "$target" hs wrk_rps 32 "$url"
+        log "round $round/$ROUNDS $target: full handshake per request, $STIME_CLIENTS clients"; measure "$target" full stime_rps "$port"
     done
 done
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -167,19 +197,22 @@ for key in "${!L[@]}"; do L[$key]=$(median "${L[$key]}"); done
 RSS=$(awk '/VmRSS/ {print $2}' "/proc/$KP_PID/status" 2>/dev/null || echo "?")
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-table() { # title, the array ("R" or "C"), then the labels of the h2, h1 and handshake rows
-    local title=$1 labels=("$3" "$4" "$5") i=0 k
+table() { # title, the array ("R", "C" or "L"), then the labels of the h2, h1 and two handshake rows
+    local title=$1 labels=("$3" "$4" "$5" "$6") i=0 k
     local -n values=$2
     printf '\n%-42s %14s %14s %8s\n' "$title" kamal-proxy nginx ratio
-    for k in h2 h1 hs; do
+    for k in h2 h1 hs full; do
         printf '%-42s %14s %14s %8s\n' "${labels[i++]}" "${values[kamal-proxy,$k]}" "${values[nginx,$k]}" \
             "$(ratio "${values[kamal-proxy,$k]}" "${values[nginx,$k]}")"
     done
 }
 table "HTTPS, median of $ROUNDS x $DURATION s" R \
-    "HTTP/2 req/s (c10 m10)" "HTTP/1.1 over TLS req/s (c64)" "new TLS handshakes/s (c32)"
-table "proxy CPU µs per request, median" C "HTTP/2" "HTTP/1.1 over TLS" "new TLS handshake + request"
+    "HTTP/2 req/s (c10 m10)" "HTTP/1.1 over TLS req/s (c64)" "resumed TLS handshakes/s (c32)" \
+    "full TLS handshakes/s ($STIME_CLIENTS clients)"
+table "proxy CPU µs per request, median" C "HTTP/2" "HTTP/1.1 over TLS" "resumed TLS handshake + request" \
+    "full TLS handshake + request"
 # Where the load generator is the limit (new handshakes), its own cost a request decides
 # req/s: a proxy idle between a client's packets costs the client a wake-up each time.
-table "load generator CPU µs per request, median" L "HTTP/2" "HTTP/1.1 over TLS" "new TLS handshake + request"
+table "load generator CPU µs per request, median" L "HTTP/2" "HTTP/1.1 over TLS" "resumed TLS handshake + request" \
+    "full TLS handshake + request"
 printf 'kamal-proxy RSS after the runs: %s KiB; pinned: %s\n' "$RSS" "$PIN"
