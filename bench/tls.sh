@@ -150,6 +150,16 @@ stime_rps() { # port
     awk -v n="$total" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f\n", n / (b - a) }'
 }
 
+# s_time counts connections, not answers: once per proxy, its exact request must be answered
+# 200 (through to the upstream), or the full-handshake row would count error pages.
+stime_check() { # port
+    local status
+    status=$(printf 'GET %s HTTP/1.0\r\n\r\n' "$STIME_PAGE" |
+        "${CPU1[@]}" timeout 10 openssl s_client -quiet -connect "localhost:$1" 2>/dev/null | head -n 1 || true)
+    [[ "$status" == "HTTP/1.1 200"* ]] || { echo "s_time's request to :$1 was answered '${status%$'\r'}', not 200" >&2; exit 1; }
+}
+for port in $PORT_KP $PORT_NGINX; do stime_check "$port"; done
+
 # CPU time a proxy spent per request: its process's user + system time over the run
 # (/proc/PID/stat), divided by the requests served. Where the load generator rather than
 # the proxy is the limit (new handshakes: the client's side of a handshake costs as much),
