@@ -1,6 +1,7 @@
 //! kamal-proxy in Rust: a drop-in replacement for basecamp/kamal-proxy with
 //! scale-to-zero. See ARCHITECTURE.md in the shared folder and the README.
 
+pub mod aligned_alloc;
 pub mod balancer;
 pub mod cli;
 pub mod config;
