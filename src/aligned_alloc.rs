@@ -98,18 +98,17 @@ impl AlignedSlabs {
         // SAFETY: every chunk on the list is mapped, has a valid header and a free slot;
         // the class's lock is held.
         unsafe {
-            let c = &mut *chunk;
-            let slot = if c.free.is_null() {
-                let slot = (chunk as *mut u8).add(HEADER + c.fresh * slot_size);
-                c.fresh += 1;
+            let slot = if (*chunk).free.is_null() {
+                let slot = chunk.cast::<u8>().add(HEADER + (*chunk).fresh * slot_size);
+                (*chunk).fresh += 1;
                 slot
             } else {
-                let slot = c.free;
-                c.free = *(slot as *mut *mut u8);
+                let slot = (*chunk).free;
+                (*chunk).free = *(slot as *mut *mut u8);
                 slot
             };
-            c.live += 1;
-            if c.live == capacity(slot_size) {
+            (*chunk).live += 1;
+            if (*chunk).live == capacity(slot_size) {
                 list.remove(chunk);
             }
             slot
@@ -122,22 +121,23 @@ impl AlignedSlabs {
     /// `slot` came from [`AlignedSlabs::take`] with the same class and is not in use.
     unsafe fn give(&self, class: usize, slot: *mut u8) {
         let slot_size = (class + 1) * SLOT_ALIGN;
-        let chunk = (slot as usize & !(CHUNK - 1)) as *mut Chunk;
+        let chunk = slot.map_addr(|a| a & !(CHUNK - 1)).cast::<Chunk>();
         let unmap = {
             let mut list = self.lock(class);
             // SAFETY: the slot lies in a mapped chunk of this class (the caller's promise);
-            // the class's lock is held.
+            // the class's lock is held. The header is reached through `chunk` only (no
+            // reference to it outlives the list's own writes through the same pointer).
             unsafe {
-                let c = &mut *chunk;
-                *(slot as *mut *mut u8) = c.free;
-                c.free = slot;
-                let was_full = c.live == capacity(slot_size);
-                c.live -= 1;
+                *(slot as *mut *mut u8) = (*chunk).free;
+                (*chunk).free = slot;
+                let was_full = (*chunk).live == capacity(slot_size);
+                (*chunk).live -= 1;
                 if was_full {
                     list.push(chunk);
                 }
                 // Empty, and another chunk has room: this one goes back to the system.
-                let release = c.live == 0 && !(list.partial == chunk && c.next.is_null());
+                let release =
+                    (*chunk).live == 0 && !(list.partial == chunk && (*chunk).next.is_null());
                 if release {
                     list.remove(chunk);
                 }
@@ -305,7 +305,7 @@ fn map_chunk() -> *mut Chunk {
             libc::munmap((aligned + CHUNK) as *mut libc::c_void, tail);
         }
     }
-    let chunk = aligned as *mut Chunk;
+    let chunk = raw.cast::<u8>().with_addr(aligned).cast::<Chunk>();
     // SAFETY: the chunk is mapped, writable and ours; the header fits its first bytes.
     unsafe {
         chunk.write(Chunk {
