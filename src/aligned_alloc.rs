@@ -144,9 +144,9 @@ impl AlignedSlabs {
                 release
             }
         };
-        if unmap {
-            // SAFETY: the chunk is off every list and holds no block in use.
-            unsafe { libc::munmap(chunk.cast(), CHUNK) };
+        // SAFETY: the chunk is off every list and holds no block in use. (Should the system
+        // refuse, near `vm.max_map_count`, the chunk stays mapped, unused, and counted.)
+        if unmap && unsafe { libc::munmap(chunk.cast(), CHUNK) } == 0 {
             self.mapped.fetch_sub(1, Ordering::Relaxed);
         }
     }
