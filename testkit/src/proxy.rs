@@ -10,6 +10,8 @@ use std::time::Duration;
 
 /// How long a CLI-visible change or a log line may take (a hang guard, not a measurement).
 const PATIENCE: Duration = Duration::from_secs(20);
+/// How often [`Proxy::respawn`] tries a port another socket holds for a moment.
+const RESPAWN_ATTEMPTS: usize = 50;
 
 /// A running `kamal-proxy run` child process.
 pub struct Proxy {
@@ -190,11 +192,25 @@ impl Proxy {
         }
     }
 
-    /// Starts `run` again after [`Proxy::terminate`] or [`Proxy::kill9`].
+    /// Starts `run` again after [`Proxy::terminate`] or [`Proxy::kill9`], on the same ports.
+    /// Those were picked by the kernel from the ephemeral range: once the proxy is gone,
+    /// another test's outgoing connection may hold one as its local port for a moment (seen
+    /// once in CI: "bind: address already in use" on a restart), so that error is retried
+    /// for a while; any other failure, or that one for good, fails the test.
     pub async fn respawn(&mut self) {
-        if let Err(e) = self.spawn().await {
-            panic!("kamal-proxy did not start again: {e}");
+        const PAUSE: Duration = Duration::from_millis(100);
+        let mut last = String::new();
+        for _ in 0..RESPAWN_ATTEMPTS {
+            match self.spawn().await {
+                Ok(()) => return,
+                Err(e) if e.contains("address already in use") => {
+                    last = e;
+                    tokio::time::sleep(PAUSE).await;
+                }
+                Err(e) => panic!("kamal-proxy did not start again: {e}"),
+            }
         }
+        panic!("kamal-proxy did not start again in {RESPAWN_ATTEMPTS} attempts: {last}");
     }
 
     pub fn pid(&self) -> Option<u32> {
