@@ -13,6 +13,8 @@
 #   CACHE_SIM=1   also simulate this machine's caches and branch predictor: misses a request
 #   FOOTPRINT=1   also record each instruction's address, and print how much code a request
 #                 runs, by function (bench/cg_footprint.py)
+#   ATOMICS=1     also record each instruction's address, and print the atomic
+#                 read-modify-write instructions a request runs, by site (bench/cg_atomics.py)
 # Prints: requests served (counted from the access log, one line each; wrk's count for the
 # peer), instructions in the measured window, instructions per request, then a breakdown by
 # component (bench/README.md, "Where the time goes").
@@ -31,7 +33,7 @@ PEER="${PEER:-}"
 [[ -n "$PEER" ]] || KP_BIN="${KP_BIN:?set KP_BIN to a release kamal-proxy built with symbols (see bench/README.md)}"
 VG_OPTS=(--tool=callgrind --instr-atstart=no)
 [[ "${CACHE_SIM:-}" == 1 ]] && VG_OPTS+=(--cache-sim=yes --branch-sim=yes)
-[[ "${FOOTPRINT:-}" == 1 ]] && VG_OPTS+=(--dump-instr=yes)
+[[ "${FOOTPRINT:-}" == 1 || "${ATOMICS:-}" == 1 ]] && VG_OPTS+=(--dump-instr=yes)
 for tool in valgrind callgrind_control callgrind_annotate wrk nginx; do
     command -v "$tool" >/dev/null || { echo "callgrind.sh: $tool is missing" >&2; exit 1; }
 done
@@ -145,4 +147,5 @@ if [[ "${CACHE_SIM:-}" == 1 && -f "$OUT.1" ]]; then
                            print line; exit }'
 fi
 if [[ "${FOOTPRINT:-}" == 1 && -f "$OUT.1" ]]; then python3 "$ROOT/bench/cg_footprint.py" "$OUT.1" "$requests"; fi
+if [[ "${ATOMICS:-}" == 1 && -f "$OUT.1" ]]; then python3 "$ROOT/bench/cg_atomics.py" "$OUT.1" "$requests"; fi
 if [[ -z "$PEER" && -f "$OUT.1" ]]; then python3 "$ROOT/bench/cg_breakdown.py" "$OUT.1" "$requests"; fi

@@ -1,12 +1,10 @@
 //! One upstream address: its health, the requests in flight to it, and draining.
 
-use arc_swap::ArcSwap;
 use http::uri::Authority;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 use super::affinity::PinKey;
 use super::spec::TargetSpec;
@@ -40,22 +38,41 @@ impl Health {
     }
 }
 
-/// Cancellation handles for one drain cycle. Replaced after every drain so a paused and
-/// resumed service starts with fresh ones.
-struct DrainTokens {
-    /// Cancelled when a drain times out: in-flight requests answer 504.
-    requests: CancellationToken,
-    /// Cancelled as soon as a drain starts: upgraded connections (WebSockets) are cut at
-    /// once, as upstream does, because they would otherwise hold every drain to its limit.
-    upgrades: CancellationToken,
+/// Which drain cycles have cut their requests and upgraded connections. A request belongs
+/// to the cycle that was current when it began ([`Target::begin`]); a drain works on the
+/// current cycle and opens the next when it ends, so a paused and resumed service starts
+/// clean. Plain atomics rather than a `CancellationToken` a cycle: a request only reads
+/// them (a token's `is_cancelled` takes its mutex, and each guard held an `Arc` of the
+/// cycle's tokens), and nothing is allocated per drain.
+#[derive(Default)]
+struct DrainCycles {
+    /// The current cycle.
+    current: AtomicU64,
+    /// Requests of cycles below this are cut: a drain timed out on them (they answer 504).
+    requests_cut: AtomicU64,
+    /// Upgraded connections (WebSockets) of cycles below this are cut: as soon as a
+    /// drain starts, as upstream does, because they would otherwise hold every drain to
+    /// its limit.
+    upgrades_cut: AtomicU64,
+    /// Wakes whoever waits for a cut.
+    cut: Notify,
 }
 
-impl DrainTokens {
-    fn new() -> Arc<Self> {
-        Arc::new(DrainTokens {
-            requests: CancellationToken::new(),
-            upgrades: CancellationToken::new(),
-        })
+impl DrainCycles {
+    fn cut(&self, which: &AtomicU64, cycle: u64) {
+        which.fetch_max(cycle + 1, Ordering::AcqRel);
+        self.cut.notify_waiters();
+    }
+
+    /// Resolves once `which` cuts `cycle`.
+    async fn wait(&self, which: &AtomicU64, cycle: u64) {
+        loop {
+            let notified = self.cut.notified();
+            if which.load(Ordering::Acquire) > cycle {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
@@ -71,7 +88,7 @@ pub struct Target {
     health: AtomicU8,
     inflight: AtomicUsize,
     idle: Notify,
-    tokens: ArcSwap<DrainTokens>,
+    drains: DrainCycles,
 }
 
 impl std::fmt::Debug for Target {
@@ -110,7 +127,7 @@ impl Target {
             health: AtomicU8::new(Health::Adding as u8),
             inflight: AtomicUsize::new(0),
             idle: Notify::new(),
-            tokens: ArcSwap::new(DrainTokens::new()),
+            drains: DrainCycles::default(),
         }))
     }
 
@@ -165,17 +182,17 @@ impl Target {
     /// Counts a request against this target until the returned guard is dropped.
     pub fn begin(self: &Arc<Self>) -> TargetGuard {
         self.inflight.fetch_add(1, Ordering::AcqRel);
-        let tokens = self.tokens.load_full();
         TargetGuard {
             target: self.clone(),
-            tokens,
+            cycle: self.drains.current.load(Ordering::Acquire),
         }
     }
 
     /// Waits up to `timeout` for in-flight requests to finish, then cancels the rest.
     pub async fn drain(&self, timeout: Duration) {
-        let tokens = self.tokens.load_full();
-        tokens.upgrades.cancel();
+        let drains = &self.drains;
+        let cycle = drains.current.load(Ordering::Acquire);
+        drains.cut(&drains.upgrades_cut, cycle);
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let notified = self.idle.notified();
@@ -184,19 +201,20 @@ impl Target {
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 if self.inflight() > 0 {
-                    tokens.requests.cancel();
+                    drains.cut(&drains.requests_cut, cycle);
                 }
                 break;
             }
         }
-        self.tokens.store(DrainTokens::new());
+        drains.current.fetch_max(cycle + 1, Ordering::AcqRel);
     }
 }
 
 /// Held for as long as a request (or its upgraded connection) uses the target.
 pub struct TargetGuard {
     target: Arc<Target>,
-    tokens: Arc<DrainTokens>,
+    /// The drain cycle it began in.
+    cycle: u64,
 }
 
 impl TargetGuard {
@@ -206,16 +224,18 @@ impl TargetGuard {
 
     /// Resolves when a drain gives up waiting for this request.
     pub async fn cancelled(&self) {
-        self.tokens.requests.cancelled().await
+        let drains = &self.target.drains;
+        drains.wait(&drains.requests_cut, self.cycle).await
     }
 
     pub fn is_cancelled(&self) -> bool {
-        self.tokens.requests.is_cancelled()
+        self.target.drains.requests_cut.load(Ordering::Acquire) > self.cycle
     }
 
     /// Resolves when a drain starts: upgraded connections end at once.
     pub async fn upgrade_cancelled(&self) {
-        self.tokens.upgrades.cancelled().await
+        let drains = &self.target.drains;
+        drains.wait(&drains.upgrades_cut, self.cycle).await
     }
 }
 

@@ -168,6 +168,11 @@ pin_project_lite::pin_project! {
         // The timer is set (to its own deadline); kept as a flag, not a second copy of
         // the time, for the 16 bytes every idle connection's task would carry.
         armed: bool,
+        // The timer holds this task's waker: it was polled since it was last set. Until
+        // it goes off (or is set again), the connection's polls leave it alone: each poll
+        // of a tokio timer registers the waker anew, with two compare-and-swaps (and
+        // the connection's task is polled two or three times a request).
+        registered: bool,
         #[pin]
         timer: Sleep,
     }
@@ -185,6 +190,7 @@ impl<'t> Watchdog<'t> {
             seen,
             deadline,
             armed: deadline.is_some(),
+            registered: false,
             // Not registered with the timer wheel until first polled.
             timer: tokio::time::sleep_until(deadline.unwrap_or(now)),
         }
@@ -220,11 +226,16 @@ impl Future for Watchdog<'_> {
                 if !*this.armed || d < this.timer.deadline() {
                     this.timer.as_mut().reset(d);
                     *this.armed = true;
+                    *this.registered = false;
                 }
             }
         }
         loop {
-            if !*this.armed || this.timer.as_mut().poll(cx).is_pending() {
+            if !*this.armed || (*this.registered && !this.timer.is_elapsed()) {
+                return Poll::Pending;
+            }
+            if this.timer.as_mut().poll(cx).is_pending() {
+                *this.registered = true;
                 return Poll::Pending;
             }
             // The timer went off at the deadline it was armed with; the phase's own
@@ -235,6 +246,7 @@ impl Future for Watchdog<'_> {
                 Some(d) => {
                     this.timer.as_mut().reset(d);
                     *this.armed = true;
+                    *this.registered = false;
                 }
                 None => return Poll::Pending,
             }

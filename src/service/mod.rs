@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 mod attempts;
 pub mod gates;
+mod optional;
 // The options moved to the top-level `options` module (a leaf every layer reads); this
 // path stays for code written against the old one.
 pub use crate::options;
@@ -166,9 +167,9 @@ pub struct Service {
     /// `rollout deploy`'s second pool, and `rollout set`'s split of requests onto it
     /// (upstream §4.5). `rollout stop` clears the split and keeps the pool.
     rollout: ArcSwapOption<LoadBalancer>,
-    rollout_split: ArcSwapOption<RolloutSplit>,
+    rollout_split: optional::Optional<RolloutSplit>,
     pub pause: PauseController,
-    sleep: ArcSwapOption<IdleController>,
+    sleep: optional::Optional<IdleController>,
     /// Resolved on the first request (metrics are switched on before any listener opens).
     metrics: std::sync::OnceLock<Option<Arc<ServiceMetrics>>>,
 }
@@ -185,9 +186,9 @@ impl Service {
             config: ArcSwap::from_pointee(config),
             active: ArcSwap::new(lb),
             rollout: ArcSwapOption::empty(),
-            rollout_split: ArcSwapOption::empty(),
+            rollout_split: optional::Optional::default(),
             pause,
-            sleep: ArcSwapOption::empty(),
+            sleep: optional::Optional::default(),
             metrics: std::sync::OnceLock::new(),
         }
     }
@@ -223,7 +224,7 @@ impl Service {
     }
 
     pub fn set_rollout_split(&self, split: Option<RolloutSplit>) {
-        self.rollout_split.store(split.map(Arc::new));
+        self.rollout_split.swap(split.map(Arc::new));
     }
 
     /// The active pool, then the rollout pool if there is one: what a pause or stop
@@ -239,16 +240,14 @@ impl Service {
     /// until each can serve; a rollout pool left after `rollout stop` gets no traffic, so
     /// its containers (perhaps removed since) never hold up a wake.
     pub fn live_pools(&self) -> Vec<Arc<LoadBalancer>> {
-        let rollout = self
-            .rollout()
-            .filter(|_| self.rollout_split.load().is_some());
+        let rollout = self.rollout().filter(|_| self.rollout_split.is_set());
         std::iter::once(self.active()).chain(rollout).collect()
     }
 
     /// The pool a request goes to: the rollout pool when a split is set and the request's
     /// `kamal-rollout` cookie falls on its side, else the active pool.
     fn pool_for(&self, headers: &http::HeaderMap) -> Arc<LoadBalancer> {
-        if let Some(split) = self.rollout_split.load().as_ref() {
+        if let Some(split) = self.rollout_split.load_full() {
             if let Some(rollout) = self.rollout.load_full() {
                 if request_cookie(headers, ROLLOUT_COOKIE).is_some_and(|v| split.routes(v)) {
                     return rollout;
