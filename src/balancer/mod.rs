@@ -441,6 +441,10 @@ fn pick(
     schedule: Option<&Schedule>,
     counter: &AtomicUsize,
 ) -> Arc<Target> {
+    if targets.len() == 1 && schedule.is_none() {
+        // Nothing to rotate: no write to a counter every worker shares.
+        return targets[0].clone();
+    }
     let n = counter.fetch_add(1, Ordering::Relaxed);
     let i = match schedule {
         Some(cycle) => cycle.pick(n),

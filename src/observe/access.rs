@@ -4,7 +4,7 @@
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method};
 use std::net::SocketAddr;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::log::{self, json_escape_bytes_into, json_escape_into};
@@ -44,8 +44,10 @@ pub struct AccessRecord {
     pub scheme: &'static str,
     /// `--log-request-header` values, captured at arrival: (log key, value).
     pub req_headers: Vec<(String, String)>,
-    /// `--log-response-header` names still to capture from the response.
-    pub resp_header_names: Arc<Vec<String>>,
+    /// `--log-response-header` names still to capture from the response (none: `None`,
+    /// rather than a shared empty list whose reference count every request would raise
+    /// and drop, on a cache line all the workers write).
+    pub resp_header_names: Option<Arc<Vec<String>>>,
     pub resp_headers: Vec<(String, String)>,
     pub exclude_metrics: bool,
     /// Further attempts to place the request on a target (`--target-try-duration`):
@@ -65,12 +67,6 @@ pub fn log_key(prefix: &str, header: &str) -> String {
         }
     }));
     k
-}
-
-/// No `--log-response-header`: shared, so a request without them allocates nothing.
-pub fn no_logged_headers() -> Arc<Vec<String>> {
-    static EMPTY: LazyLock<Arc<Vec<String>>> = LazyLock::new(|| Arc::new(Vec::new()));
-    EMPTY.clone()
 }
 
 /// All values of a header joined with `,` (upstream's rendering), empty when absent.

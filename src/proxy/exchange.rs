@@ -73,8 +73,7 @@ impl Exchange {
     pub fn set_response(&mut self, status: u16, headers: &HeaderMap) {
         self.record.status = status;
         self.record.resp_content_type = headers.get(http::header::CONTENT_TYPE).cloned();
-        if !self.record.resp_header_names.is_empty() {
-            let names = self.record.resp_header_names.clone();
+        if let Some(names) = self.record.resp_header_names.clone() {
             self.record.resp_headers = names
                 .iter()
                 .map(|n| {

@@ -31,7 +31,7 @@ mod write_deadline;
 
 pub use shutdown::{DEFAULT_SHUTDOWN_TIMEOUT, Drain, FirstRequest, Shutdown};
 
-use crate::observe::access::{AccessRecord, header_values, no_logged_headers};
+use crate::observe::access::{AccessRecord, header_values};
 use crate::proxy::Forwarder;
 use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::proxy::exchange::Exchange;
@@ -551,7 +551,7 @@ fn access_record(
         },
         scheme: if conn.tls { "https" } else { "http" },
         req_headers: Vec::new(),
-        resp_header_names: no_logged_headers(),
+        resp_header_names: None,
         resp_headers: Vec::new(),
         exclude_metrics: false,
         retries: 0,

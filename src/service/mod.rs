@@ -310,7 +310,7 @@ impl Service {
                 .iter()
                 .map(|(key, name)| (key.clone(), header_values(req.headers(), name.as_str())))
                 .collect();
-            record.resp_header_names = config.log_response_headers.clone();
+            record.resp_header_names = Some(config.log_response_headers.clone());
         }
         if !config.options.client_ip_header.is_empty() {
             // Upstream logs the named header as `remote_addr` when the client sent it.
