@@ -17,51 +17,13 @@ import re
 import subprocess
 import sys
 
+from cg_dump import instruction_costs
+
 path, requests = sys.argv[1], int(sys.argv[2])
 rows = int(sys.argv[3]) if len(sys.argv) > 3 else 40
-compressed = re.compile(r"(c?)(fn|ob)=\((\d+)\)(?: (.*))?")
-
-names, objects = {}, {}
 cost = collections.Counter()  # (object, address) -> times run
-fn = obj = None
-addr = 0
-after_calls = False
-positions = ["line"]
-for raw in open(path):
-    raw = raw.rstrip("\n")
-    m = compressed.match(raw)
-    if m:
-        called, kind, ident, name = m.groups()
-        table = names if kind == "fn" else objects
-        if name:
-            table[ident] = name
-        if not called:
-            if kind == "fn":
-                fn = table.get(ident, ident)
-            else:
-                obj = table.get(ident)
-        continue
-    if raw.startswith("positions:"):
-        positions = raw.split()[1:]
-        continue
-    if raw.startswith("calls="):
-        after_calls = True  # the next line is the call's inclusive cost
-        continue
-    if not raw or not (raw[0].isdigit() or raw[0] in "+-*"):
-        continue
-    fields = raw.split()
-    token = fields[0]
-    if token != "*":
-        addr = addr + int(token, 0) if token[0] in "+-" else int(token, 0)
-    if after_calls:
-        after_calls = False
-        continue
-    events = fields[len(positions):]
-    if events and obj is not None:
-        cost[(obj, addr)] += int(events[0])
-
-if positions[0] != "instr":
-    sys.exit("cg_atomics.py: the dump has no instruction addresses (record with --dump-instr=yes)")
+for obj, _, addr, n in instruction_costs(path):
+    cost[(obj, addr)] += n
 
 
 def locked_instructions(path):

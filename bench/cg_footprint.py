@@ -10,69 +10,20 @@ how far over it is. Functions are listed when they run at least one instruction 
 (on average), largest first; the totals count every line run in the window.
 """
 import collections
-import re
 import sys
+
+from cg_dump import instruction_costs
 
 path, requests = sys.argv[1], int(sys.argv[2])
 rows = int(sys.argv[3]) if len(sys.argv) > 3 else 40
 LINE = 64
 
-names, objects = {}, {}
 lines = collections.defaultdict(set)  # (object, function) -> line numbers (address // 64)
 cost = collections.Counter()          # (object, function) -> instructions
-positions = ["line"]
-fn = obj = None
-addr = 0
-after_calls = False
-compressed = re.compile(r"(c?)(fn|ob)=\((\d+)\)(?: (.*))?")
-
-
-def position(token, previous):
-    """A position of callgrind's format: absolute, relative to the previous (+n, -n) or `*`."""
-    if token == "*":
-        return previous
-    if token[0] in "+-":
-        return previous + int(token, 0)
-    return int(token, 0)
-
-
-for raw in open(path):
-    raw = raw.rstrip("\n")
-    m = compressed.match(raw)
-    if m:
-        called, kind, ident, name = m.groups()
-        table = names if kind == "fn" else objects
-        if name:
-            table[ident] = name
-        if not called:
-            if kind == "fn":
-                fn = table.get(ident, ident)
-            else:
-                obj = table.get(ident)
-        continue
-    if raw.startswith("positions:"):
-        positions = raw.split()[1:]
-        continue
-    if raw.startswith("calls="):
-        # The next cost line is the call's inclusive cost, charged at the call instruction.
-        after_calls = True
-        continue
-    if not raw or not (raw[0].isdigit() or raw[0] in "+-*"):
-        continue
-    fields = raw.split()
-    addr = position(fields[0], addr) if positions[0] == "instr" else addr
-    if after_calls:
-        after_calls = False
-        continue
-    events = fields[len(positions):]
-    if not events or int(events[0]) == 0 or obj is None:
-        continue
+for obj, fn, addr, n in instruction_costs(path):
     key = (obj.rsplit("/", 1)[-1], fn)
     lines[key].add(addr // LINE)
-    cost[key] += int(events[0])
-
-if positions[0] != "instr":
-    sys.exit("cg_footprint.py: the dump has no instruction addresses (record with --dump-instr=yes)")
+    cost[key] += n
 
 by_object = collections.defaultdict(set)
 for (o, _), s in lines.items():
