@@ -4,6 +4,7 @@
 pub mod aligned_alloc;
 pub mod balancer;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod control;
 pub mod gotime;
@@ -12,6 +13,7 @@ pub mod lifecycle;
 pub mod observe;
 pub mod options;
 pub mod proxy;
+pub mod raw_tcp;
 pub mod recycle;
 pub mod router;
 pub mod server;

@@ -85,7 +85,7 @@ pub fn header_values(headers: &HeaderMap, name: &str) -> String {
 /// write for `info!(json_fields = .., "Request")`, built straight into this thread's log
 /// batch (see `log::write_line`), which skips the subscriber's dispatch and a copy.
 pub fn log_request(r: &AccessRecord, elapsed: std::time::Duration, bytes_sent: u64) {
-    let now = std::time::SystemTime::now();
+    let now = crate::clock::wall();
     log::write_line(|out| {
         out.push_str("{\"time\":\"");
         log::push_rfc3339_nano_utc(out, now);

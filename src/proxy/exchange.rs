@@ -102,7 +102,7 @@ impl Exchange {
         }
         self.finished = true;
         let r = &self.record;
-        let elapsed = r.started.elapsed();
+        let elapsed = crate::clock::now().saturating_duration_since(r.started);
         match &self.metered {
             Metered::Service(m) => {
                 m.request_ended();

@@ -221,7 +221,8 @@ impl Future for Watchdog<'_> {
         let now_seen = this.phase.0.load(Ordering::Relaxed);
         if now_seen != *this.seen {
             *this.seen = now_seen;
-            *this.deadline = Self::limit(this.timeouts, now_seen).map(|d| Instant::now() + d);
+            let now = crate::clock::now();
+            *this.deadline = Self::limit(this.timeouts, now_seen).map(|d| now + d);
             if let Some(d) = *this.deadline {
                 if !*this.armed || d < this.timer.deadline() {
                     this.timer.as_mut().reset(d);

@@ -320,7 +320,9 @@ impl<F: Future<Output = ()>> Future for Connection<F> {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<()> {
-        self.project().serving.poll(cx)
+        // A request's clock reads fall into two polls of this task (crate::clock).
+        let serving = self.project().serving;
+        crate::clock::in_poll(|| serving.poll(cx))
     }
 }
 
@@ -464,7 +466,7 @@ fn ensure_request_start(req: &mut Request<ClientBody>, glance: &Glance) {
     if glance.request_start {
         return;
     }
-    let ms = std::time::SystemTime::now()
+    let ms = crate::clock::wall()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0);
@@ -523,7 +525,7 @@ fn access_record(
         .and_then(|n| i64::try_from(n).ok())
         .unwrap_or(-1);
     AccessRecord {
-        started: tokio::time::Instant::now(),
+        started: crate::clock::now(),
         host,
         port: if conn.tls {
             proxy.https_port

@@ -21,6 +21,7 @@ mod tests;
 
 use super::headers::has_token;
 use super::proxy_fields::ProxyFields;
+use crate::raw_tcp;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Version};
@@ -30,9 +31,8 @@ use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 
 /// hyper's limits, so a target's answer is refused here exactly where it was before.
 const MAX_HEADERS: usize = 100;
@@ -226,7 +226,7 @@ impl Connection {
 
     /// Sets the timer to fire `limit` from now.
     fn arm(&mut self, limit: Duration) {
-        let due = Instant::now() + limit;
+        let due = crate::clock::now() + limit;
         match &mut self.timer {
             // Later than before unless the limit shrank (a `--path-timeout`) or the timer
             // already fired while the connection idled; either way `reset` re-registers it.
@@ -291,7 +291,8 @@ impl Connection {
     async fn write_out(&mut self) -> Result<(), SendError> {
         let mut at = 0;
         while at < self.out.len() {
-            match self.io.write(&self.out[at..]).await {
+            let rest = &self.out[at..];
+            match std::future::poll_fn(|cx| raw_tcp::poll_send(&self.io, cx, rest)).await {
                 Ok(0) => {
                     let e = io::Error::from(io::ErrorKind::WriteZero);
                     return Err(self.failed_writing(e, at));
@@ -322,7 +323,7 @@ impl Connection {
         }
         let room = self.buf.capacity() - self.buf.len();
         let n = ready!(tokio_util::io::poll_read_buf(
-            Pin::new(&mut self.io),
+            Pin::new(&mut raw_tcp::Half(&self.io)),
             cx,
             &mut self.buf
         ))?;

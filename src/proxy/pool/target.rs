@@ -173,7 +173,7 @@ impl TargetPool {
     /// than `limit`, that can take a request. Those found past it or closed on the way
     /// are closed.
     pub(super) fn take(&self, list: usize, limit: Duration, kind: Kind) -> Option<Upstream> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut idle = self.lock(list);
         let mut at = idle.conns.len();
         while at > 0 {
@@ -251,7 +251,7 @@ impl TargetPool {
                 return;
             }
         }
-        let since = Instant::now();
+        let since = crate::clock::now();
         let list = conn.home;
         let mut idle = self.lock(list);
         idle.conns.push(Idle {

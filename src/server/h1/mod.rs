@@ -43,6 +43,7 @@ use super::shutdown::DrainWait;
 use super::shutdown::FIRST_REQUEST_WAIT;
 use super::{Drain, FirstRequest, Proxy, handle, log_expired};
 use crate::proxy::body::{ClientBody, ResponseBody};
+use crate::raw_tcp;
 use crate::recycle::Recycled;
 use crate::service::Conn;
 use http::{Request, Response};
@@ -72,12 +73,13 @@ pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Sized + Send + 'static {
     fn halves(&mut self) -> (Self::Reader<'_>, Self::Writer<'_>);
 }
 
+/// Reads and writes as bare system calls (`raw_tcp`), not through glibc's wrappers.
 impl Duplex for TcpStream {
-    type Reader<'a> = tokio::net::tcp::ReadHalf<'a>;
-    type Writer<'a> = tokio::net::tcp::WriteHalf<'a>;
+    type Reader<'a> = raw_tcp::Half<'a>;
+    type Writer<'a> = raw_tcp::Half<'a>;
 
     fn halves(&mut self) -> (Self::Reader<'_>, Self::Writer<'_>) {
-        self.split()
+        (raw_tcp::Half(self), raw_tcp::Half(self))
     }
 }
 
