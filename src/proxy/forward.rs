@@ -336,7 +336,11 @@ impl Forwarder {
                         None => std::future::pending().await,
                     }
                 };
+                // `biased`: the answer is looked at first. Polling the drain's cut takes its
+                // waiters' lock each time, so the poll that brings the answer should not
+                // start there (an unbiased `select!` starts at a random branch).
                 tokio::select! {
+                    biased;
                     r = sent => Some(Ok(r)),
                     _ = deadline => Some(Err(Rejection::DeadlineExceeded)),
                     _ = cancelled => None,

@@ -386,6 +386,24 @@ impl Connection {
             for &[ns, ne, vs, ve] in &self.spans {
                 let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
                 let name = super::headers::name_from_wire(&head[ns..ne]).map_err(|_| invalid())?;
+                let raw = &head[vs..ve];
+                if name == header::CONNECTION {
+                    // Once any `Connection` line asks to close, a later one cannot undo it.
+                    if close || has_token(raw, b"close") {
+                        close = true;
+                        keep_alive = false;
+                    } else if !keep_alive {
+                        keep_alive = has_token(raw, b"keep-alive");
+                    }
+                    // Read here, and never passed on: the proxy removes it from every
+                    // response. Unless it names other fields, it need not reach the map
+                    // (adding it, finding it and removing it cost about 350 instructions
+                    // for the usual `Connection: keep-alive`), nor be cut out of the head
+                    // (a reference count raised and dropped).
+                    if super::headers::connection_names_no_other_field(raw) {
+                        continue;
+                    }
+                }
                 // SAFETY: httparse accepted these bytes as a field value, and its set
                 // (HTAB, SP through `~`, 0x80 and above) is the one `HeaderValue` allows.
                 let value = unsafe { HeaderValue::from_maybe_shared_unchecked(head.slice(vs..ve)) };
@@ -393,22 +411,6 @@ impl Connection {
                     body_fields.content_length(value.as_bytes());
                 } else if name == header::TRANSFER_ENCODING {
                     body_fields.transfer_encoding = Some(value.clone());
-                }
-                if name == header::CONNECTION {
-                    // Once any `Connection` line asks to close, a later one cannot undo it.
-                    if close || has_token(value.as_bytes(), b"close") {
-                        close = true;
-                        keep_alive = false;
-                    } else if !keep_alive {
-                        keep_alive = has_token(value.as_bytes(), b"keep-alive");
-                    }
-                    // Read here, and never passed on: the proxy removes it from every
-                    // response. Unless it names other fields, it need not reach the map
-                    // (adding it, finding it and removing it cost about 350 instructions
-                    // for the usual `Connection: keep-alive`).
-                    if super::headers::connection_names_no_other_field(value.as_bytes()) {
-                        continue;
-                    }
                 }
                 headers.append(name, value);
             }
