@@ -16,6 +16,7 @@
 //! a head earlier at each end), and timeouts armed in a poll count from its first read.
 
 use std::cell::Cell;
+use std::thread::LocalKey;
 use std::time::SystemTime;
 use tokio::time::Instant;
 
@@ -28,26 +29,23 @@ thread_local! {
 
 /// The monotonic time: the poll's, or read now outside a connection's poll.
 pub fn now() -> Instant {
-    if let Some(now) = NOW.get() {
-        return now;
-    }
-    let now = Instant::now();
-    if ON.get() {
-        NOW.set(Some(now));
-    }
-    now
+    kept(&NOW, Instant::now)
 }
 
 /// The wall-clock time: the poll's, or read now outside a connection's poll.
 pub fn wall() -> SystemTime {
-    if let Some(wall) = WALL.get() {
-        return wall;
+    kept(&WALL, SystemTime::now)
+}
+
+fn kept<T: Copy + 'static>(slot: &'static LocalKey<Cell<Option<T>>>, read: fn() -> T) -> T {
+    if let Some(time) = slot.get() {
+        return time;
     }
-    let wall = SystemTime::now();
+    let time = read();
     if ON.get() {
-        WALL.set(Some(wall));
+        slot.set(Some(time));
     }
-    wall
+    time
 }
 
 /// Runs one poll of a connection's task with the clocks kept for its length.
