@@ -23,7 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Reads what the socket has into `buf` (`Ok(0)`: the peer closed, or `buf` is empty).
-pub fn poll_recv(
+fn poll_recv(
     stream: &TcpStream,
     cx: &mut Context<'_>,
     buf: &mut [std::mem::MaybeUninit<u8>],
@@ -50,13 +50,13 @@ pub fn poll_recv(
 }
 
 /// Writes as much of `buf` as the socket takes.
-pub fn poll_send(stream: &TcpStream, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+fn poll_send(stream: &TcpStream, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
     let fd = stream.as_raw_fd();
     poll_io(stream, cx, Interest::WRITABLE, buf.len(), || send(fd, buf))
 }
 
 /// Writes as much of `bufs` as the socket takes, in one call.
-pub fn poll_send_vectored(
+fn poll_send_vectored(
     stream: &TcpStream,
     cx: &mut Context<'_>,
     bufs: &[IoSlice<'_>],
@@ -149,8 +149,8 @@ fn poll_io(
     }
 }
 
-/// One direction of a plain TCP connection, borrowed: what `TcpStream::split` gives, with
-/// reads and writes through [`poll_recv`] and [`poll_send`].
+/// A plain TCP connection, borrowed, read and written through the calls above: what
+/// `TcpStream::split` gives for each direction, and the module's one way in.
 pub struct Half<'a>(pub &'a TcpStream);
 
 impl AsyncRead for Half<'_> {

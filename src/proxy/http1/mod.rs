@@ -31,6 +31,7 @@ use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
@@ -291,8 +292,7 @@ impl Connection {
     async fn write_out(&mut self) -> Result<(), SendError> {
         let mut at = 0;
         while at < self.out.len() {
-            let rest = &self.out[at..];
-            match std::future::poll_fn(|cx| raw_tcp::poll_send(&self.io, cx, rest)).await {
+            match raw_tcp::Half(&self.io).write(&self.out[at..]).await {
                 Ok(0) => {
                     let e = io::Error::from(io::ErrorKind::WriteZero);
                     return Err(self.failed_writing(e, at));

@@ -5,7 +5,7 @@ use super::*;
 use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
 /// A request without the proxy's own fields (those have their tests in `proxy_fields`).
