@@ -222,16 +222,22 @@ impl Forwarder {
             let upgrade = headers::upgrade_type(req.headers());
             let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
-            let (mut parts, incoming) = req.into_parts();
-            let head_request = parts.method == http::Method::HEAD;
+            // The request is changed where it lies, not taken apart and put together again:
+            // each of those was a copy of its 328 bytes.
+            let head_request = req.method() == http::Method::HEAD;
             // Kept for a rejection's rendering (a copy only for a non-standard method).
-            let method = parts.method.clone();
+            let method = req.method().clone();
             // The request as the client sent it, for another attempt (fork F18): kept only
             // when one may come and the request qualifies.
             let again = (up.may_retry
-                && retry::may_try_elsewhere(&method, incoming.is_end_stream(), upgrade.is_some()))
-            .then(|| Replay::of(&parts));
-            let body = if opts.buffer_requests && upgrade.is_none() {
+                && retry::may_try_elsewhere(
+                    &method,
+                    req.body().is_end_stream(),
+                    upgrade.is_some(),
+                ))
+            .then(|| Replay::of(req.method(), req.uri(), req.headers()));
+            if opts.buffer_requests && upgrade.is_none() {
+                let incoming = std::mem::replace(req.body_mut(), RequestBody::empty());
                 let buffered = match up.deadline {
                     Some(d) => tokio::time::timeout_at(d, buffer_request(incoming, opts))
                         .await
@@ -239,35 +245,32 @@ impl Forwarder {
                     None => buffer_request(incoming, opts).await,
                 };
                 match buffered {
-                    Ok(b) => b,
+                    Ok(b) => *req.body_mut() = b,
                     Err(rejection) => {
-                        return Ok(up.reject(rejection, parts.uri.path(), &method, exchange));
+                        return Ok(up.reject(rejection, req.uri().path(), &method, exchange));
                     }
                 }
-            } else {
-                incoming
-            };
+            }
 
-            let client_host = parts.headers.get(header::HOST).cloned();
+            let client_host = req.headers().get(header::HOST).cloned();
             // Without a `Host` field (HTTP/1.0, or HTTP/2's `:authority`), the URI's names it.
             let host_from_uri = match client_host {
                 Some(_) => None,
-                None => parts
-                    .uri
+                None => req
+                    .uri()
                     .authority()
                     .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
             };
             let original_host = client_host.or_else(|| host_from_uri.clone());
             // `TE` goes with the other hop-by-hop fields, except its `trailers`.
-            let hop_by_hop = headers::remove_hop_by_hop(&mut parts.headers);
+            let hop_by_hop = headers::remove_hop_by_hop(req.headers_mut());
             if hop_by_hop.trailers {
-                parts
-                    .headers
+                req.headers_mut()
                     .insert(header::TE, HeaderValue::from_static("trailers"));
             }
             // Set where the request leaves (see `proxy_fields`), not in the map here.
             let fields = ProxyFields::new(
-                &parts.headers,
+                req.headers(),
                 &ForwardedFor {
                     client_ip: up.client_ip,
                     host: original_host.as_ref(),
@@ -286,13 +289,12 @@ impl Forwarder {
                 host_from_uri
             };
             if let Some(h) = host_to_set {
-                parts.headers.insert(header::HOST, h);
+                req.headers_mut().insert(header::HOST, h);
             }
             if let Some(kind) = &upgrade {
-                parts
-                    .headers
+                req.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-                parts.headers.insert(header::UPGRADE, kind.clone());
+                req.headers_mut().insert(header::UPGRADE, kind.clone());
             }
             let mut uri = Uri::builder()
                 .scheme(Scheme::HTTP)
@@ -300,16 +302,15 @@ impl Forwarder {
                 .path_and_query(up.path_and_query.clone())
                 .build()
                 .unwrap_or_default();
-            std::mem::swap(&mut parts.uri, &mut uri);
-            parts.version = Version::HTTP_11;
+            std::mem::swap(req.uri_mut(), &mut uri);
+            *req.version_mut() = Version::HTTP_11;
             let reuse = self.reuse_for(up.pools, up.target, upgrade.is_some());
             if !up.pools.settings().keep_alive && upgrade.is_none() {
                 // `--target-disable-keep-alives`: say so, as Go's transport does.
-                parts
-                    .headers
+                req.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            let outbound = Request::from_parts(parts, body);
+            let outbound = req;
             // `--target-timeout` (or `--path-timeout`) bounds the wait for response headers
             // once the request is sent (Go's `ResponseHeaderTimeout`), so a slow upload or
             // a wait for a connection at `--target-max-conns` is not cut short: the pool

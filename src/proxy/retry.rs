@@ -37,7 +37,7 @@
 //! never re-sent, but the log says why they failed) [`Tracked`] watches the bytes. Nothing
 //! is allocated unless that happens.
 
-use http::{HeaderName, HeaderValue, Method, Request, Uri, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 use std::error::Error as StdError;
 use std::fmt;
 use std::io;
@@ -116,14 +116,13 @@ pub(crate) struct Replay {
 }
 
 impl Replay {
-    pub(crate) fn of(parts: &http::request::Parts) -> Self {
-        let size: usize = parts
-            .headers
+    pub(crate) fn of(method: &Method, uri: &Uri, fields: &HeaderMap) -> Self {
+        let size: usize = fields
             .iter()
             .map(|(n, v)| 6 + n.as_str().len() + v.len())
             .sum();
         let mut headers = Vec::with_capacity(size);
-        for (name, value) in &parts.headers {
+        for (name, value) in fields {
             let (n, v) = (name.as_str().as_bytes(), value.as_bytes());
             // hyper refuses longer heads long before these bounds.
             let (Ok(nl), Ok(vl)) = (u16::try_from(n.len()), u32::try_from(v.len())) else {
@@ -135,8 +134,8 @@ impl Replay {
             headers.extend_from_slice(v);
         }
         Replay {
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
+            method: method.clone(),
+            uri: uri.clone(),
             headers,
         }
     }

@@ -388,61 +388,70 @@ pub(crate) fn normalize(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-pub async fn handle(
+/// The pipeline for one request (ARCHITECTURE.md's order), from the ping path to the
+/// service's answer.
+///
+/// A function returning an `async` block, not an `async fn`: an `async fn` keeps each
+/// argument twice in its future (as passed, and moved into its body), and copies the
+/// request (264 bytes) from one to the other on its first poll.
+#[allow(clippy::manual_async_fn)]
+pub fn handle(
     proxy: &Proxy,
     mut req: Request<ClientBody>,
     conn: Conn,
-) -> Response<ResponseBody> {
-    if req.uri().path() == PING_PATH {
-        // Never logged, never routed.
-        let method_allowed =
-            req.method() == http::Method::GET || req.method() == http::Method::HEAD;
-        return Rejection::Ping { method_allowed }.render(None, req.method());
-    }
-    // HTTP-01 answers come before routing and any redirect, and ahead of the access log
-    // (ARCHITECTURE.md's step 2): a certificate authority's probes are not app traffic.
-    if req
-        .uri()
-        .path()
-        .starts_with(crate::tls::challenge::HTTP01_PREFIX)
-    {
-        if let Some(answer) = acme_http01::answer(&proxy.router, &req) {
-            return answer.render(None, req.method());
+) -> impl Future<Output = Response<ResponseBody>> + Send + '_ {
+    async move {
+        if req.uri().path() == PING_PATH {
+            // Never logged, never routed.
+            let method_allowed =
+                req.method() == http::Method::GET || req.method() == http::Method::HEAD;
+            return Rejection::Ping { method_allowed }.render(None, req.method());
         }
-    }
-    let mut glance = Glance::of(req.headers());
-    let request_id = ensure_request_id(&mut req, &glance);
-    ensure_request_start(&mut req, &glance);
-    let record = access_record(proxy, &req, conn, request_id, &mut glance);
-    let exchange = Exchange::new(record);
+        // HTTP-01 answers come before routing and any redirect, and ahead of the access log
+        // (ARCHITECTURE.md's step 2): a certificate authority's probes are not app traffic.
+        if req
+            .uri()
+            .path()
+            .starts_with(crate::tls::challenge::HTTP01_PREFIX)
+        {
+            if let Some(answer) = acme_http01::answer(&proxy.router, &req) {
+                return answer.render(None, req.method());
+            }
+        }
+        let mut glance = Glance::of(req.headers());
+        let request_id = ensure_request_id(&mut req, &glance);
+        ensure_request_start(&mut req, &glance);
+        let record = access_record(proxy, &req, conn, request_id, &mut glance);
+        let exchange = Exchange::new(record);
 
-    // One meaning per request: which host it is for, or a 400 when that is ambiguous.
-    if let Err(rejection) = framing::settle(&mut req, &mut glance) {
-        let at = Refused {
-            service: "",
-            path: req.uri().path(),
-            method: req.method(),
+        // One meaning per request: which host it is for, or a 400 when that is ambiguous.
+        if let Err(rejection) = framing::settle(&mut req, &mut glance) {
+            let at = Refused {
+                service: "",
+                path: req.uri().path(),
+                method: req.method(),
+            };
+            return rejection.respond(&at, None, exchange);
+        }
+        let host = glance.host.as_ref().and_then(|h| h.to_str().ok());
+        let host = host_without_port(
+            host.or_else(|| req.uri().authority().map(|a| a.as_str()))
+                .unwrap_or(""),
+        );
+        let Some((service, prefix)) = proxy.router.lookup(host, req.uri().path()) else {
+            let at = Refused {
+                service: "",
+                path: req.uri().path(),
+                method: req.method(),
+            };
+            return Rejection::NotFound.respond(&at, None, exchange);
         };
-        return rejection.respond(&at, None, exchange);
+        // On the heap, in a block the thread reuses (`Recycled`): the request path below is a
+        // future of about 2.7 KB, and hyper keeps a slot as large as this one's in every
+        // connection for as long as it is open, idle or not (10,000 idle keep-alive
+        // connections held 21 KB each before).
+        Recycled::new(service.serve(req, conn, &prefix, exchange, &proxy.forwarder)).await
     }
-    let host = glance.host.as_ref().and_then(|h| h.to_str().ok());
-    let host = host_without_port(
-        host.or_else(|| req.uri().authority().map(|a| a.as_str()))
-            .unwrap_or(""),
-    );
-    let Some((service, prefix)) = proxy.router.lookup(host, req.uri().path()) else {
-        let at = Refused {
-            service: "",
-            path: req.uri().path(),
-            method: req.method(),
-        };
-        return Rejection::NotFound.respond(&at, None, exchange);
-    };
-    // On the heap, in a block the thread reuses (`Recycled`): the request path below is a
-    // future of about 2.7 KB, and hyper keeps a slot as large as this one's in every
-    // connection for as long as it is open, idle or not (10,000 idle keep-alive
-    // connections held 21 KB each before).
-    Recycled::new(service.serve(req, conn, &prefix, exchange, &proxy.forwarder)).await
 }
 
 /// The request's id: the client's, or a fresh UUIDv4 set on the request. Returned as a

@@ -45,107 +45,114 @@ pub(super) struct Placement<'a> {
 impl Service {
     /// Sends the request to a target and returns the response: the app's, or the proxy's
     /// own answer once no attempt is left.
-    pub(super) async fn forward_to_target(
-        &self,
+    ///
+    /// Not an `async fn`, which would keep each argument twice in its future and copy
+    /// them (the request's 328 bytes among them) on its first poll (see `server::handle`).
+    #[allow(clippy::manual_async_fn)]
+    pub(super) fn forward_to_target<'a>(
+        &'a self,
         mut req: Request<RequestBody>,
         conn: Conn,
-        config: &ServiceConfig,
-        placed: Placement<'_>,
+        config: &'a ServiceConfig,
+        placed: Placement<'a>,
         mut exchange: Exchange,
-        forwarder: &Forwarder,
-    ) -> Response<ResponseBody> {
-        let mut tries = config
-            .upstream
-            .retry
-            .map(|policy| Tries::new(policy, placed.deadline));
-        let client_ip = crate::proxy::headers::ip_value(conn.client.ip());
-        self.wait_for_a_starting_pin(&req, config, placed.deadline)
-            .await;
-        let mut first = true;
-        loop {
-            let chosen = self.choose_target(&req, config, placed.prefix, first);
-            let Chosen {
-                target,
-                lb,
-                mut cookies,
-                repin,
-            } = match chosen {
-                // The pin counts for the first attempt sent, not for a wait before it.
-                Ok(chosen) => {
-                    first = false;
-                    chosen
-                }
-                Err(pool) => {
-                    let waited = match tries.as_mut() {
-                        Some(t) => t.wait_for_target(&pool).await,
-                        None => false,
-                    };
-                    if waited {
-                        exchange.record().retries += 1;
-                        continue;
+        forwarder: &'a Forwarder,
+    ) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
+        async move {
+            let mut tries = config
+                .upstream
+                .retry
+                .map(|policy| Tries::new(policy, placed.deadline));
+            let client_ip = crate::proxy::headers::ip_value(conn.client.ip());
+            self.wait_for_a_starting_pin(&req, config, placed.deadline)
+                .await;
+            let mut first = true;
+            loop {
+                let chosen = self.choose_target(&req, config, placed.prefix, first);
+                let Chosen {
+                    target,
+                    lb,
+                    mut cookies,
+                    repin,
+                } = match chosen {
+                    // The pin counts for the first attempt sent, not for a wait before it.
+                    Ok(chosen) => {
+                        first = false;
+                        chosen
                     }
-                    let rejection = past_deadline(placed.deadline, Rejection::NoHealthyTarget);
+                    Err(pool) => {
+                        let waited = match tries.as_mut() {
+                            Some(t) => t.wait_for_target(&pool).await,
+                            None => false,
+                        };
+                        if waited {
+                            exchange.record().retries += 1;
+                            continue;
+                        }
+                        let rejection = past_deadline(placed.deadline, Rejection::NoHealthyTarget);
+                        return self.refuse(rejection, &req, config, exchange);
+                    }
+                };
+                cookies.session_pin =
+                    config
+                        .options
+                        .session_cookie()
+                        .filter(|_| repin)
+                        .map(|name| SessionPin {
+                            name,
+                            value: target.pin(),
+                            secure: conn.tls,
+                        });
+                exchange.record().target = Some(target.shared_address());
+                exchange.target = Some(target.begin());
+                let may_retry = tries.as_ref().is_some_and(Tries::time_left);
+                let up = UpstreamRequest {
+                    target: &target,
+                    path_and_query: placed.path_and_query.clone(),
+                    options: &config.target_options,
+                    pools: &config.upstream.pools,
+                    response_timeout: placed.response_timeout,
+                    may_retry,
+                    pages: config.pages.as_ref(),
+                    client_ip: &client_ip,
+                    tls: conn.tls,
+                    deadline: placed.deadline,
+                    service: &self.name,
+                    cookies,
+                };
+                // On the heap, in a block the thread reuses (`Recycled`): `forward`'s future is
+                // about 5 KB, and held inline it made every future above it (this one,
+                // `serve`, `handle`, the connection's service call) that much larger, each
+                // moved whole once per request (about 9 KB copied at hyper's `recv_msg` and
+                // again into the service block). A block is cheaper than those copies
+                // (bench/README.md, "Where the time goes").
+                let forwarded = Recycled::new(forwarder.forward(req, up, exchange));
+                let Retry {
+                    request,
+                    exchange: back,
+                    failure,
+                } = match forwarded.await {
+                    Ok(response) => return response,
+                    Err(retry) => *retry,
+                };
+                (req, exchange) = (request, back);
+                let again = match tries.as_mut() {
+                    Some(t) => t.after_failure(lb.healthy_alongside(&target)).await,
+                    None => false,
+                };
+                if !again {
+                    let rejection = past_deadline(placed.deadline, failure);
                     return self.refuse(rejection, &req, config, exchange);
                 }
-            };
-            cookies.session_pin = config
-                .options
-                .session_cookie()
-                .filter(|_| repin)
-                .map(|name| SessionPin {
-                    name,
-                    value: target.pin(),
-                    secure: conn.tls,
-                });
-            exchange.record().target = Some(target.shared_address());
-            exchange.target = Some(target.begin());
-            let may_retry = tries.as_ref().is_some_and(Tries::time_left);
-            let up = UpstreamRequest {
-                target: &target,
-                path_and_query: placed.path_and_query.clone(),
-                options: &config.target_options,
-                pools: &config.upstream.pools,
-                response_timeout: placed.response_timeout,
-                may_retry,
-                pages: config.pages.as_ref(),
-                client_ip: &client_ip,
-                tls: conn.tls,
-                deadline: placed.deadline,
-                service: &self.name,
-                cookies,
-            };
-            // On the heap, in a block the thread reuses (`Recycled`): `forward`'s future is
-            // about 5 KB, and held inline it made every future above it (this one,
-            // `serve`, `handle`, the connection's service call) that much larger, each
-            // moved whole once per request (about 9 KB copied at hyper's `recv_msg` and
-            // again into the service block). A block is cheaper than those copies
-            // (bench/README.md, "Where the time goes").
-            let forwarded = Recycled::new(forwarder.forward(req, up, exchange));
-            let Retry {
-                request,
-                exchange: back,
-                failure,
-            } = match forwarded.await {
-                Ok(response) => return response,
-                Err(retry) => *retry,
-            };
-            (req, exchange) = (request, back);
-            let again = match tries.as_mut() {
-                Some(t) => t.after_failure(lb.healthy_alongside(&target)).await,
-                None => false,
-            };
-            if !again {
-                let rejection = past_deadline(placed.deadline, failure);
-                return self.refuse(rejection, &req, config, exchange);
+                exchange.record().retries += 1;
+                tracing::debug!(
+                    service = %self.name,
+                    "target" = target.address(),
+                    path = req.uri().path(),
+                    failure = ?failure,
+                    "Retrying request"
+                );
             }
-            exchange.record().retries += 1;
-            tracing::debug!(
-                service = %self.name,
-                "target" = target.address(),
-                path = req.uri().path(),
-                failure = ?failure,
-                "Retrying request"
-            );
         }
     }
 

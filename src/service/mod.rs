@@ -281,102 +281,112 @@ impl Service {
 
     /// Runs the service's part of the pipeline. `prefix` is the path prefix the router
     /// matched. The returned response always carries `exchange`.
-    pub async fn serve(
-        &self,
+    ///
+    /// Not an `async fn`, which would keep each argument twice in its future and copy
+    /// them (the request's 264 bytes among them) from one place to the other on its first
+    /// poll (see `server::handle`).
+    #[allow(clippy::manual_async_fn)]
+    pub fn serve<'a>(
+        &'a self,
         mut req: Request<ClientBody>,
         conn: Conn,
-        prefix: &str,
+        prefix: &'a str,
         mut exchange: Exchange,
-        forwarder: &Forwarder,
-    ) -> Response<ResponseBody> {
-        let config = self.config.load_full();
-        // The gates below may change the request's headers, so the path is read from the
-        // URI's own handle (a reference count, not a copy) and routed once.
-        let uri = req.uri().clone();
-        let routed = routed_path(uri.path(), prefix, config.options.strip_prefix);
-        let excluded = config
-            .options
-            .exclude_metrics_paths
-            .iter()
-            .any(|p| p == routed.as_ref());
-        let metrics = self
-            .metrics
-            .get_or_init(|| ServiceMetrics::for_service(&self.name));
-        exchange.set_service(self.name.clone(), metrics.as_ref(), excluded);
-        if !config.log_request_headers.is_empty() || !config.log_response_headers.is_empty() {
-            let record = exchange.record();
-            record.req_headers = config
-                .log_request_headers
+        forwarder: &'a Forwarder,
+    ) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
+        async move {
+            let config = self.config.load_full();
+            // The gates below may change the request's headers, so the path is read from the
+            // URI's own handle (a reference count, not a copy) and routed once.
+            let uri = req.uri().clone();
+            let routed = routed_path(uri.path(), prefix, config.options.strip_prefix);
+            let excluded = config
+                .options
+                .exclude_metrics_paths
                 .iter()
-                .map(|(key, name)| (key.clone(), header_values(req.headers(), name.as_str())))
-                .collect();
-            record.resp_header_names = Some(config.log_response_headers.clone());
-        }
-        if !config.options.client_ip_header.is_empty() {
-            // Upstream logs the named header as `remote_addr` when the client sent it.
-            if let Some(v) = req
-                .headers()
-                .get(config.options.client_ip_header.as_str())
-                .filter(|v| !v.is_empty())
-            {
-                exchange.record().remote_addr = Some(v.clone());
+                .any(|p| p == routed.as_ref());
+            let metrics = self
+                .metrics
+                .get_or_init(|| ServiceMetrics::for_service(&self.name));
+            exchange.set_service(self.name.clone(), metrics.as_ref(), excluded);
+            if !config.log_request_headers.is_empty() || !config.log_response_headers.is_empty() {
+                let record = exchange.record();
+                record.req_headers = config
+                    .log_request_headers
+                    .iter()
+                    .map(|(key, name)| (key.clone(), header_values(req.headers(), name.as_str())))
+                    .collect();
+                record.resp_header_names = Some(config.log_response_headers.clone());
             }
-        }
-        let pages = config.pages.as_ref();
-        let gates = &config.gates;
-        // Classified on the path as the client sent it (prefix stripped), before rewrites.
-        let is_health_check = config.is_health_check(req.method(), &routed);
+            if !config.options.client_ip_header.is_empty() {
+                // Upstream logs the named header as `remote_addr` when the client sent it.
+                if let Some(v) = req
+                    .headers()
+                    .get(config.options.client_ip_header.as_str())
+                    .filter(|v| !v.is_empty())
+                {
+                    exchange.record().remote_addr = Some(v.clone());
+                }
+            }
+            let pages = config.pages.as_ref();
+            let gates = &config.gates;
+            // Classified on the path as the client sent it (prefix stripped), before rewrites.
+            let is_health_check = config.is_health_check(req.method(), &routed);
 
-        // Steps 5–8, each of which may answer the request itself.
-        let admitted = self
-            .admit(&mut req, conn, &config, is_health_check, &mut exchange)
-            .await;
-        let deadline = match admitted {
-            Ok(deadline) => deadline,
-            Err(rejection) => {
-                let at = Refused {
-                    service: &self.name,
-                    path: uri.path(),
-                    method: req.method(),
-                };
-                return rejection.respond(&at, pages, exchange);
-            }
-        };
+            // Steps 5–8, each of which may answer the request itself.
+            let admitted = self
+                .admit(&mut req, conn, &config, is_health_check, &mut exchange)
+                .await;
+            let deadline = match admitted {
+                Ok(deadline) => deadline,
+                Err(rejection) => {
+                    let at = Refused {
+                        service: &self.name,
+                        path: uri.path(),
+                        method: req.method(),
+                    };
+                    return rejection.respond(&at, pages, exchange);
+                }
+            };
 
-        // Step 9: rewrites change only what the target sees; then a target is chosen.
-        let path_and_query = gates::rewrite::rewrite(
-            &gates.rewrites,
-            uri.path(),
-            uri.query(),
-            prefix,
-            config.options.strip_prefix,
-        )
-        .unwrap_or_else(|| upstream_path_and_query(&uri, &routed));
-        // `--path-timeout` goes by the path after rewrites, before the prefix is
-        // stripped (fork F20).
-        let response_timeout = {
-            let up = &config.upstream;
-            if up.path_timeouts.is_empty() {
-                up.response_timeout
-            } else {
-                let path = gates::rewrite::rewritten_path(&gates.rewrites, uri.path());
-                up.path_timeouts
-                    .for_path(&decoded_path(&path), up.response_timeout)
+            // Step 9: rewrites change only what the target sees; then a target is chosen.
+            let path_and_query = gates::rewrite::rewrite(
+                &gates.rewrites,
+                uri.path(),
+                uri.query(),
+                prefix,
+                config.options.strip_prefix,
+            )
+            .unwrap_or_else(|| upstream_path_and_query(&uri, &routed));
+            // `--path-timeout` goes by the path after rewrites, before the prefix is
+            // stripped (fork F20).
+            let response_timeout = {
+                let up = &config.upstream;
+                if up.path_timeouts.is_empty() {
+                    up.response_timeout
+                } else {
+                    let path = gates::rewrite::rewritten_path(&gates.rewrites, uri.path());
+                    up.path_timeouts
+                        .for_path(&decoded_path(&path), up.response_timeout)
+                }
+            };
+            if !config.options.client_ip_header.is_empty() {
+                headers::apply_client_ip_header(
+                    req.headers_mut(),
+                    &config.options.client_ip_header,
+                );
             }
-        };
-        if !config.options.client_ip_header.is_empty() {
-            headers::apply_client_ip_header(req.headers_mut(), &config.options.client_ip_header);
+            let arrived = exchange.started();
+            let req = req.map(|body| forwarder.client_body(body, arrived));
+            let placed = attempts::Placement {
+                path_and_query,
+                response_timeout,
+                deadline,
+                prefix,
+            };
+            self.forward_to_target(req, conn, &config, placed, exchange, forwarder)
+                .await
         }
-        let arrived = exchange.started();
-        let req = req.map(|body| forwarder.client_body(body, arrived));
-        let placed = attempts::Placement {
-            path_and_query,
-            response_timeout,
-            deadline,
-            prefix,
-        };
-        self.forward_to_target(req, conn, &config, placed, exchange, forwarder)
-            .await
     }
 }
 

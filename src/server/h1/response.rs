@@ -7,7 +7,7 @@ use bytes::{Buf, Bytes};
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version, header};
 use http_body::Body;
 use std::io::{self, IoSlice};
-use std::pin::pin;
+use std::pin::Pin;
 use std::task::Poll;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
@@ -257,68 +257,81 @@ fn last_coding_is_chunked(value: &[u8]) -> bool {
 }
 
 /// Writes `response`. Returns whether the connection may carry another request.
-pub async fn write<B, W>(stream: &mut W, response: Response<B>, asked: Asked) -> bool
+///
+/// The response is used where it lies in this future, not taken apart into locals, and
+/// the function returns an `async` block rather than being an `async fn` (which keeps its
+/// arguments twice): each of those was a copy of the response's 248 bytes a request.
+#[allow(clippy::manual_async_fn)]
+pub fn write<'a, B, W>(
+    stream: &'a mut W,
+    mut response: Response<B>,
+    asked: Asked,
+) -> impl Future<Output = bool> + 'a
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin + 'a,
     W: AsyncWrite + Unpin,
 {
-    let (mut parts, body) = response.into_parts();
-    let mut body = pin!(body);
-    let size = (!body.is_end_stream()).then(|| body.size_hint().exact());
-    let reason = parts
-        .extensions
-        .get::<hyper::ext::ReasonPhrase>()
-        .map(|r| r.as_bytes());
-    let mut out = Vec::with_capacity(128 + parts.headers.len() * 32);
-    let (framing, last) = encode_head(
-        parts.status,
-        parts.version,
-        reason,
-        &mut parts.headers,
-        size,
-        asked,
-        &mut out,
-    );
-    crate::proxy::header_maps::recycle(parts.headers);
-    if framing == Framing::Length(0) || size.is_none() {
-        // Nothing of the body goes out (HEAD, 204, 304, or it is empty): it is left
-        // unread, as hyper leaves it.
-        return stream.write_all(&out).await.is_ok() && !last;
-    }
-    let mut sender = Sender {
-        framing,
-        sent: 0,
-        out,
-    };
-    // The first frame, if the body has it at hand, goes out with the head; if it has not,
-    // the head goes first (an event stream's client sees its headers at once).
-    let first = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
-    let mut next = match first {
-        Poll::Ready(frame) => frame,
-        Poll::Pending => {
-            if sender.flush(stream).await.is_err() {
-                return false;
-            }
-            std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await
+    async move {
+        let size = (!response.body().is_end_stream()).then(|| response.body().size_hint().exact());
+        let mut out = Vec::with_capacity(128 + response.headers().len() * 32);
+        // Taken out (an empty map's look-up when the answer had its standard reason): the
+        // head's encoding changes the headers, which the borrow would hold.
+        let reason = response
+            .extensions_mut()
+            .remove::<hyper::ext::ReasonPhrase>();
+        let (status, version) = (response.status(), response.version());
+        let (framing, last) = encode_head(
+            status,
+            version,
+            reason.as_ref().map(|r| r.as_bytes()),
+            response.headers_mut(),
+            size,
+            asked,
+            &mut out,
+        );
+        crate::proxy::header_maps::recycle(std::mem::take(response.headers_mut()));
+        if framing == Framing::Length(0) || size.is_none() {
+            // Nothing of the body goes out (HEAD, 204, 304, or it is empty): it is left
+            // unread, as hyper leaves it.
+            return stream.write_all(&out).await.is_ok() && !last;
         }
-    };
-    loop {
-        match next {
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    if sender.data(stream, data).await.is_err() {
-                        return false;
-                    }
+        let mut sender = Sender {
+            framing,
+            sent: 0,
+            out,
+        };
+        // The first frame, if the body has it at hand, goes out with the head; if it has not,
+        // the head goes first (an event stream's client sees its headers at once).
+        let first =
+            std::future::poll_fn(|cx| Poll::Ready(Pin::new(response.body_mut()).poll_frame(cx)))
+                .await;
+        let mut next = match first {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                if sender.flush(stream).await.is_err() {
+                    return false;
                 }
-                // Trailers: only sent to a client that asked for them (`TE: trailers`),
-                // and such a request is hyper's.
+                std::future::poll_fn(|cx| Pin::new(response.body_mut()).poll_frame(cx)).await
             }
-            Some(Err(_)) => return false,
-            None => break,
+        };
+        loop {
+            match next {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if sender.data(stream, data).await.is_err() {
+                            return false;
+                        }
+                    }
+                    // Trailers: only sent to a client that asked for them (`TE: trailers`),
+                    // and such a request is hyper's.
+                }
+                Some(Err(_)) => return false,
+                None => break,
+            }
+            next = std::future::poll_fn(|cx| Pin::new(response.body_mut()).poll_frame(cx)).await;
         }
-        next = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
+        sender.end(stream).await.unwrap_or(false) && !last
     }
-    sender.end(stream).await.unwrap_or(false) && !last
 }
 
 /// The body's bytes on their way out, framed.
