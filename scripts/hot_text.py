@@ -7,7 +7,8 @@ code 64 KiB at a time around each page touched, so a fresh proxy kept about 6 Mi
 resident for 2.5 MiB used. Placed together, the used code is mapped as it is (see
 bench/README.md, "Seventh round").
 
-How: builds kamal-proxy with its symbols (target/hot-text), runs it under valgrind's
+How: builds kamal-proxy as scripts/pgo does, profile-guided, with its symbols kept
+(target/hot-text), runs it under valgrind's
 callgrind (which records every instruction address executed) through a start, a deploy,
 plain HTTP requests (GET, HEAD, a POST with a body, a 404 for an unknown host), `list`,
 then a TLS service with its own certificate (HTTP/1.1 and HTTP/2 over TLS), and a stop.
@@ -73,11 +74,19 @@ def build():
         with open(OUT, "w") as f:
             f.write("SECTIONS { .text : { } } INSERT BEFORE .init;\n")
     target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target", "hot-text"))
-    env = dict(os.environ, CARGO_TARGET_DIR=target_dir, CARGO_PROFILE_RELEASE_STRIP="none",
-               CARGO_PROFILE_RELEASE_DEBUG="line-tables-only")
-    subprocess.run(["cargo", "build", "--release", "--bin", "kamal-proxy"], cwd=ROOT, env=env,
-                   check=True)
-    return os.path.join(target_dir, "release", "kamal-proxy")
+    # The binary we ship is profile-guided (scripts/pgo), and the profile decides what is
+    # inlined where: the functions of a plain build are not the ones the shipped binary
+    # runs. So this is the shipped build, symbols kept: `-C strip=none` given in RUSTFLAGS
+    # leaves the symbol names (and so the profile's counts) as they are, where
+    # CARGO_PROFILE_RELEASE_STRIP would change the hash cargo puts in them.
+    profile = os.path.join(ROOT, "pgo", "kamal-proxy.profdata")
+    host = subprocess.run(["rustc", "-vV"], capture_output=True, text=True,
+                          check=True).stdout.split("host: ")[1].split()[0]
+    flags = f"-C symbol-mangling-version=v0 -C profile-use={profile} -C strip=none"
+    env = dict(os.environ, CARGO_TARGET_DIR=target_dir, RUSTFLAGS=flags)
+    subprocess.run(["cargo", "build", "--release", "--target", host, "--bin", "kamal-proxy"],
+                   cwd=ROOT, env=env, check=True)
+    return os.path.join(target_dir, host, "release", "kamal-proxy")
 
 
 def run(cmd, **kw):
