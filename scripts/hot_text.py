@@ -74,19 +74,15 @@ def build():
         with open(OUT, "w") as f:
             f.write("SECTIONS { .text : { } } INSERT BEFORE .init;\n")
     target_dir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target", "hot-text"))
-    # The binary we ship is profile-guided (scripts/pgo), and the profile decides what is
-    # inlined where: the functions of a plain build are not the ones the shipped binary
-    # runs. So this is the shipped build, symbols kept: `-C strip=none` given in RUSTFLAGS
-    # leaves the symbol names (and so the profile's counts) as they are, where
-    # CARGO_PROFILE_RELEASE_STRIP would change the hash cargo puts in them.
-    profile = os.path.join(ROOT, "pgo", "kamal-proxy.profdata")
-    host = subprocess.run(["rustc", "-vV"], capture_output=True, text=True,
-                          check=True).stdout.split("host: ")[1].split()[0]
-    flags = f"-C symbol-mangling-version=v0 -C profile-use={profile} -C strip=none"
-    env = dict(os.environ, CARGO_TARGET_DIR=target_dir, RUSTFLAGS=flags)
-    subprocess.run(["cargo", "build", "--release", "--target", host, "--bin", "kamal-proxy"],
-                   cwd=ROOT, env=env, check=True)
-    return os.path.join(target_dir, host, "release", "kamal-proxy")
+    # The binary we ship is profile-guided, and the profile decides what is inlined where:
+    # the functions of a plain build are not the ones the shipped binary runs. So this is
+    # the shipped build (scripts/pgo, which prints the binary's path last), symbols kept:
+    # `-C strip=none` in RUSTFLAGS leaves the symbol names (and so the profile's counts) as
+    # they are, where CARGO_PROFILE_RELEASE_STRIP would change the hash cargo puts in them.
+    env = dict(os.environ, CARGO_TARGET_DIR=target_dir, RUSTFLAGS="-C strip=none")
+    built = subprocess.run(["bash", os.path.join(ROOT, "scripts", "pgo"), "build"], cwd=ROOT,
+                           env=env, check=True, stdout=subprocess.PIPE, text=True)
+    return built.stdout.strip().splitlines()[-1]
 
 
 def run(cmd, **kw):
