@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-use super::log::{self, json_escape_bytes_into, json_escape_into};
+use super::log::{self, json_escape_bytes_into, json_escape_into, push_quoted};
 use super::text::{IpText, push_i64, push_u64};
 use crate::uri::decoded_path;
 
@@ -127,7 +127,7 @@ fn write_fields(s: &mut String, r: &AccessRecord, duration_ns: i64, bytes_sent: 
     push_i64(s, duration_ns);
     key!(s, "method");
     // A method is a token: nothing in it to escape.
-    quoted(s, r.method_raw.as_str());
+    push_quoted(s, r.method_raw.as_str());
     key!(s, "req_content_length");
     push_i64(s, r.req_content_length);
     key!(s, "req_content_type");
@@ -137,7 +137,7 @@ fn write_fields(s: &mut String, r: &AccessRecord, duration_ns: i64, bytes_sent: 
     key!(s, "resp_content_type");
     escape_value(s, r.resp_content_type.as_ref());
     key!(s, "client_addr");
-    quoted(s, client_ip.as_str());
+    push_quoted(s, client_ip.as_str());
     key!(s, "client_port");
     s.push('"');
     push_u64(s, u64::from(r.client.port()));
@@ -145,14 +145,14 @@ fn write_fields(s: &mut String, r: &AccessRecord, duration_ns: i64, bytes_sent: 
     key!(s, "remote_addr");
     match &r.remote_addr {
         Some(v) => escape_value(s, Some(v)),
-        None => quoted(s, client_ip.as_str()),
+        None => push_quoted(s, client_ip.as_str()),
     }
     key!(s, "user_agent");
     escape_value(s, r.user_agent.as_ref());
     key!(s, "proto");
-    quoted(s, r.proto);
+    push_quoted(s, r.proto);
     key!(s, "scheme");
-    quoted(s, r.scheme);
+    push_quoted(s, r.scheme);
     key!(s, "query");
     json_escape_into(s, query);
     if r.retries > 0 {
@@ -165,13 +165,6 @@ fn write_fields(s: &mut String, r: &AccessRecord, duration_ns: i64, bytes_sent: 
         s.push_str("\":");
         json_escape_into(s, v);
     }
-}
-
-/// Text that needs no escaping (digits, dots, colons; a method, a protocol), in quotes.
-fn quoted(s: &mut String, text: &str) {
-    s.push('"');
-    s.push_str(text);
-    s.push('"');
 }
 
 /// A header value as a JSON string (empty when absent; invalid UTF-8 replaced).

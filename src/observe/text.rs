@@ -133,9 +133,30 @@ pub(crate) fn ascii(bytes: &[u8]) -> &str {
     unsafe { std::str::from_utf8_unchecked(bytes) }
 }
 
-/// Appends `n` in decimal.
+/// Appends `n` in decimal, written where it goes: through a [`Decimal`] it took a copy
+/// (a call to `memcpy`) of a few bytes, for each of the access line's six numbers.
 pub fn push_u64(out: &mut String, n: u64) {
-    out.push_str(Decimal::new(n).as_str());
+    let width = n.checked_ilog10().map_or(1, |log| log as usize + 1);
+    // SAFETY: only ASCII digits are appended, so the string stays UTF-8.
+    let bytes = unsafe { out.as_mut_vec() };
+    bytes.reserve(width);
+    let len = bytes.len();
+    let digits = &mut bytes.spare_capacity_mut()[..width];
+    let mut end = width;
+    let mut rest = n;
+    while end >= 2 {
+        let pair = (rest % 100) as usize * 2;
+        rest /= 100;
+        digits[end - 2].write(PAIRS[pair]);
+        digits[end - 1].write(PAIRS[pair + 1]);
+        end -= 2;
+    }
+    if end == 1 {
+        digits[0].write(b'0' + (rest % 10) as u8);
+    }
+    // SAFETY: the loop above wrote all `width` bytes past `len` (the last pair, or the
+    // single leading digit, reaches index 0).
+    unsafe { bytes.set_len(len + width) };
 }
 
 /// Appends `n` in decimal, with its sign.
@@ -206,6 +227,14 @@ mod tests {
         for n in (0..=100_000u64).chain((1..20).map(|e| 10u64.pow(e) - 1)) {
             assert_eq!(Decimal::new(n).as_str(), n.to_string());
             assert_eq!(Decimal::new(n + 1).as_str(), (n + 1).to_string());
+        }
+        for n in (0..=100_000u64)
+            .chain((1..20).flat_map(|e| [10u64.pow(e) - 1, 10u64.pow(e)]))
+            .chain([u64::MAX])
+        {
+            let mut s = String::from("x");
+            push_u64(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
         }
         for n in [0i64, -1, 42, -9_876_543_210, i64::MIN, i64::MAX] {
             let mut s = String::new();

@@ -17,16 +17,33 @@ impl<W: fmt::Write + ?Sized> fmt::Write for Escaping<'_, W> {
 /// Appends `s` as a JSON string literal (with the surrounding quotes),
 /// escaped exactly as slog's JSON handler does. Used to build `json_fields`
 /// fragments, e.g. for keys and string values of the access log.
+///
+/// Inlined, with the rare escaping out of line: the access line calls it and
+/// [`json_escape_bytes_into`] for nine short values, and the call cost about as much as
+/// the test.
+#[inline]
 pub fn json_escape_into(out: &mut String, s: &str) {
     // Nearly every value of an access line (host, path, ids, user agent) has nothing to
     // escape: a test the compiler vectorises, and one copy with the quotes.
     if plain(s.as_bytes()) {
-        out.reserve(s.len() + 2);
-        out.push('"');
-        out.push_str(s);
-        out.push('"');
-        return;
+        push_quoted(out, s);
+    } else {
+        push_escaped(out, s);
     }
+}
+
+/// Appends text that needs no escaping (checked, or digits, a method, a protocol) in quotes.
+#[inline]
+pub fn push_quoted(out: &mut String, text: &str) {
+    out.reserve(text.len() + 2);
+    out.push('"');
+    out.push_str(text);
+    out.push('"');
+}
+
+#[cold]
+#[inline(never)]
+fn push_escaped(out: &mut String, s: &str) {
     out.push('"');
     // Writing to a String cannot fail.
     let _ = write_escaped(out, s);
@@ -55,31 +72,70 @@ pub fn json_string_list_member(out: &mut String, key: &str, values: &[String]) {
 
 /// Appends header bytes as a JSON string: as they are when they are plain ASCII (no
 /// UTF-8 check needed), else decoded as UTF-8 (invalid sequences replaced) and escaped.
+#[inline]
 pub fn json_escape_bytes_into(out: &mut String, bytes: &[u8]) {
     if plain(bytes) {
-        out.reserve(bytes.len() + 2);
-        out.push('"');
         // SAFETY: `plain` bytes are all ASCII, which is valid UTF-8.
-        out.push_str(unsafe { std::str::from_utf8_unchecked(bytes) });
-        out.push('"');
-        return;
-    }
-    match std::str::from_utf8(bytes) {
-        Ok(text) => json_escape_into(out, text),
-        Err(_) => json_escape_into(out, &String::from_utf8_lossy(bytes)),
+        push_quoted(out, unsafe { std::str::from_utf8_unchecked(bytes) });
+    } else {
+        push_escaped_bytes(out, bytes);
     }
 }
 
-/// Nothing in `bytes` to escape, and all of it ASCII. A fold rather than `any`, so the
-/// loop has no early exit and is vectorised (values are short; most are plain).
-fn plain(bytes: &[u8]) -> bool {
+#[cold]
+#[inline(never)]
+fn push_escaped_bytes(out: &mut String, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => push_escaped(out, text),
+        Err(_) => push_escaped(out, &String::from_utf8_lossy(bytes)),
+    }
+}
+
+/// Nothing in `bytes` to escape, and all of it ASCII. Every access line checks about ten
+/// values, most of them short: checked a byte at a time this was ~300 instructions a
+/// request. Here 16 bytes at a time (a fold of fixed length, which the compiler turns into a
+/// few vector instructions), 8 at a time in a word below that, and the ends by overlapping
+/// the last block rather than looping over a remainder.
+pub(super) fn plain(bytes: &[u8]) -> bool {
+    let n = bytes.len();
+    if n >= 16 {
+        let clean = bytes.chunks_exact(16).fold(true, |clean, block| {
+            clean & plain_block(block.try_into().expect("16 bytes"))
+        });
+        let last: &[u8; 16] = bytes[n - 16..].try_into().expect("16 bytes");
+        return clean & plain_block(last);
+    }
+    if n >= 8 {
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        return plain_word(word(0)) & plain_word(word(n - 8));
+    }
     !bytes.iter().fold(false, |seen, &b| seen | needs_escape(b))
 }
 
+#[inline]
+fn plain_block(block: &[u8; 16]) -> bool {
+    !block.iter().fold(false, |seen, &b| seen | needs_escape(b))
+}
+
+/// [`plain`] for eight bytes in a word: whether any byte is below 0x20, at or above 0x80, a
+/// quote or a backslash, with the usual "has a byte less than" and "has a zero byte" tricks
+/// (exact as a yes/no answer: a borrow only crosses into a byte above one that matched).
+fn plain_word(x: u64) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v;
+    let below_space = x.wrapping_sub(ONES * 0x20) & !x;
+    let quote = has_zero(x ^ (ONES * u64::from(b'"')));
+    let backslash = has_zero(x ^ (ONES * u64::from(b'\\')));
+    (x | below_space | quote | backslash) & HIGH == 0
+}
+
 /// A byte [`write_escaped`] may have to replace: a quote, a backslash, a control character, or the
-/// first byte of U+2028/U+2029 (any non-ASCII byte, to keep the test branch-free).
+/// first byte of U+2028/U+2029 (any non-ASCII byte, to keep the test branch-free). One signed
+/// comparison finds both the control characters and the bytes from 0x80 (negative as `i8`),
+/// and `|` rather than `||` lets a fixed-length fold of it become vector instructions.
 fn needs_escape(b: u8) -> bool {
-    b < 0x20 || b == b'"' || b == b'\\' || b >= 0x80
+    ((b as i8) < 0x20) | (b == b'"') | (b == b'\\')
 }
 
 /// Writes the JSON-escaped contents of `s` (without quotes).

@@ -614,3 +614,29 @@ fn the_writer_thread_delivers_every_line_in_order_by_the_guards_drop() {
         assert_eq!(v["i"], i);
     }
 }
+
+#[test]
+fn plain_check_matches_a_byte_by_byte_test_at_every_length_and_position() {
+    let byte_by_byte = |bytes: &[u8]| {
+        bytes
+            .iter()
+            .all(|&b| (0x20..0x80).contains(&b) && b != b'"' && b != b'\\')
+    };
+    // Every byte value at every position of every length up to three 16-byte blocks, in
+    // an otherwise plain value: the word and block checks must see each one.
+    for len in 0..=48usize {
+        let clean = vec![b'a'; len];
+        assert!(super::json::plain(&clean), "{len} plain bytes");
+        for at in 0..len {
+            for b in 0..=u8::MAX {
+                let mut value = clean.clone();
+                value[at] = b;
+                assert_eq!(
+                    super::json::plain(&value),
+                    byte_by_byte(&value),
+                    "byte {b:#04x} at {at} of {len}"
+                );
+            }
+        }
+    }
+}
