@@ -6,8 +6,9 @@
 use http::HeaderMap;
 use std::cell::RefCell;
 
-/// Spare maps kept per thread: enough for the requests that end between two that start.
-const SPARE: usize = 16;
+/// Spare maps kept per thread: enough for the requests that end between two that start
+/// (see `recycle::KEPT`, which keeps as many for the same reason).
+const SPARE: usize = 64;
 /// A map grown past this many fields is not kept: one unusual request must not keep
 /// its memory for good.
 const LARGEST_KEPT: usize = 64;
