@@ -26,7 +26,7 @@ use std::task::{Context, Poll};
 /// a batch of answers often ends more than 16 requests at once; with 16 kept, `malloc`'s
 /// general path ran 1.9 times a request there (0.4 with 16 connections), with 64 kept 0.3
 /// (bench/README.md, "Nineteenth round"). At most 64 × (1.5 + 2.7 + 5 KB), about 590 KB, stay
-/// with a worker after a burst.
+/// with a worker after a burst, until `server::trim` notices its end and [`shed`]s them.
 const KEPT: usize = 64;
 
 /// A future in a block of its own, pinned there until dropped, like `Pin<Box<F>>`.
@@ -149,6 +149,30 @@ fn give_back(block: NonNull<u8>, layout: Layout) {
     }
 }
 
+/// Frees this thread's spare blocks past `keep` of each layout: after a burst
+/// (`server::trim`), so that [`KEPT`] blocks of each size do not stay for good with a worker
+/// that had that many requests in flight once.
+pub fn shed(keep: usize) {
+    let extra: Vec<(NonNull<u8>, Layout)> = SPARES
+        .try_with(|spares| {
+            let mut spares = spares.borrow_mut();
+            spares
+                .iter_mut()
+                .flat_map(|s| {
+                    let layout = s.layout;
+                    s.blocks
+                        .drain(keep.min(s.blocks.len())..)
+                        .map(move |block| (block, layout))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for (block, layout) in extra {
+        // SAFETY: a spare block was allocated with its list's layout and holds nothing.
+        unsafe { alloc::dealloc(block.as_ptr(), layout) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +262,16 @@ mod tests {
             .map(|_| Recycled::new(probe(&drops, true)))
             .collect();
         assert!(again.iter().all(|f| addresses.contains(&address(f))));
+        drop(again);
+        // After a burst only a few stay.
+        shed(3);
+        let kept = SPARES.with_borrow(|spares| {
+            spares
+                .iter()
+                .find(|s| s.layout == Layout::new::<Probe>())
+                .map_or(0, |s| s.blocks.len())
+        });
+        assert_eq!(kept, 3);
     }
 
     #[tokio::test]

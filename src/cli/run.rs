@@ -408,6 +408,7 @@ async fn serve(args: RunArgs, workers: Workers) -> Result<(), String> {
     ))];
     tasks.push(tokio::spawn(server::trim::after_bursts(
         proxy.slots.clone(),
+        workers.clone(),
         shutdown.stopping(),
     )));
     #[cfg(feature = "http3")]

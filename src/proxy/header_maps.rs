@@ -41,6 +41,12 @@ pub fn recycle(mut map: HeaderMap) {
     });
 }
 
+/// Drops this thread's spare maps past `keep` (after a burst: see `recycle::shed`).
+pub fn shed(keep: usize) {
+    let extra = SPARES.with_borrow_mut(|spares| spares.split_off(keep.min(spares.len())));
+    drop(extra);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,5 +66,14 @@ mod tests {
         recycle(big);
         // The large one was not kept: the next map is a fresh one of the size asked.
         assert!(with_capacity(1).capacity() < LARGEST_KEPT * 2);
+    }
+
+    #[test]
+    fn after_a_burst_only_a_few_spare_maps_stay() {
+        let maps: Vec<_> = (0..SPARE + 3).map(|_| with_capacity(4)).collect();
+        maps.into_iter().for_each(recycle);
+        assert_eq!(SPARES.with_borrow(Vec::len), SPARE);
+        shed(2);
+        assert_eq!(SPARES.with_borrow(Vec::len), 2);
     }
 }

@@ -3,12 +3,15 @@
 //! RSS stayed at 100+ MB against an idle 12 MB. `malloc_trim(0)` releases the free pages
 //! inside every arena; it runs on a blocking thread, at most once per check, when
 //! connections have dropped well below their peak or resident memory has grown well past
-//! what the last trim left.
+//! what the last trim left. Before it, each worker cuts its spare future blocks and header
+//! maps (kept for the requests of a busy worker: `recycle`, `proxy::header_maps`) back to
+//! a few, so that their room is given back too.
 
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::limits::ConnectionSlots;
+use super::workers::Workers;
 
 /// How often to look. A trim costs a walk of the arenas' free lists (milliseconds at
 /// worst), so this bounds it to a negligible share of one core.
@@ -17,8 +20,11 @@ const CHECK_EVERY: Duration = Duration::from_secs(10);
 const BURST_CONNECTIONS: usize = 64;
 /// Resident growth since the last trim that is worth giving back.
 const GROWTH_BYTES: u64 = 32 << 20;
+/// Spare future blocks and header maps of each size a worker keeps once a burst is over
+/// (it keeps up to 64 while busy: `recycle::KEPT`).
+const SPARES_AFTER_BURST: usize = 16;
 
-pub async fn after_bursts(slots: ConnectionSlots, stop: CancellationToken) {
+pub async fn after_bursts(slots: ConnectionSlots, workers: Workers, stop: CancellationToken) {
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut settled = resident_bytes();
@@ -35,6 +41,8 @@ pub async fn after_bursts(slots: ConnectionSlots, stop: CancellationToken) {
         if !burst_over && !grown {
             continue;
         }
+        // The workers' spare blocks first, so that the trim gives back their room too.
+        workers.on_each(shed_spares).await;
         let _ = tokio::task::spawn_blocking(release_free_memory).await;
         settled = resident_bytes();
         tracing::debug!(
@@ -45,6 +53,12 @@ pub async fn after_bursts(slots: ConnectionSlots, stop: CancellationToken) {
             "Returned free memory to the system"
         );
     }
+}
+
+/// Runs on a worker's thread: its spare lists are its own.
+fn shed_spares() {
+    crate::recycle::shed(SPARES_AFTER_BURST);
+    crate::proxy::header_maps::shed(SPARES_AFTER_BURST);
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -89,6 +89,19 @@ impl Workers {
         Ok((workers, Threads(threads)))
     }
 
+    /// Runs `f` once on each worker's thread, and waits until all have (a worker that has
+    /// stopped skips it).
+    pub async fn on_each(&self, f: fn()) {
+        let runs: Vec<_> = self
+            .runtimes
+            .iter()
+            .map(|runtime| runtime.spawn(async move { f() }))
+            .collect();
+        for run in runs {
+            let _ = run.await;
+        }
+    }
+
     pub fn count(&self) -> usize {
         self.runtimes.len()
     }
@@ -249,5 +262,26 @@ mod tests {
         drop(one_of_b);
         held.pop();
         assert!(!a.ahead(), "a connection that closes leaves the count");
+    }
+
+    #[test]
+    fn on_each_runs_on_the_worker_thread() {
+        static THREADS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        fn note_thread() {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            THREADS.lock().unwrap().push(name);
+        }
+        // One worker: `start` sets the worker count every test of this process sees, and
+        // one is what it is before any worker starts.
+        let (workers, threads) = Workers::start(1).unwrap();
+        let caller = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        caller.block_on(workers.on_each(note_thread));
+        workers.stop();
+        threads.join();
+        let mut seen = THREADS.lock().unwrap().clone();
+        seen.sort();
+        assert_eq!(seen, ["kp-worker-0"]);
     }
 }
