@@ -3,6 +3,7 @@
 //! integers (`X-Request-Start`, the access line), and going through `fmt`'s padding
 //! machinery cost more than the proxy's own header work (bench/README.md).
 
+use std::mem::MaybeUninit;
 use std::net::IpAddr;
 
 /// An IP address rendered on the stack.
@@ -111,16 +112,26 @@ impl Decimal {
 
 /// Writes `n` into all of `buf`, zero-padded on the left (the leading digits of a larger
 /// `n` are dropped), two digits per division.
-pub fn put_padded(buf: &mut [u8], mut n: u64) {
-    let mut end = buf.len();
+pub fn put_padded(buf: &mut [u8], n: u64) {
+    // SAFETY: `MaybeUninit<u8>` has `u8`'s layout, and `fill_digits` only writes
+    // initialised bytes, so `buf` stays initialised.
+    let slots = unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) };
+    fill_digits(slots, n);
+}
+
+/// Writes every byte of `out`: `n`'s last `out.len()` decimal digits, zero-padded on the
+/// left, two digits per division.
+fn fill_digits(out: &mut [MaybeUninit<u8>], mut n: u64) {
+    let mut end = out.len();
     while end >= 2 {
         let pair = (n % 100) as usize * 2;
         n /= 100;
-        buf[end - 2..end].copy_from_slice(&PAIRS[pair..pair + 2]);
+        out[end - 2].write(PAIRS[pair]);
+        out[end - 1].write(PAIRS[pair + 1]);
         end -= 2;
     }
     if end == 1 {
-        buf[0] = b'0' + (n % 10) as u8;
+        out[0].write(b'0' + (n % 10) as u8);
     }
 }
 
@@ -141,21 +152,8 @@ pub fn push_u64(out: &mut String, n: u64) {
     let bytes = unsafe { out.as_mut_vec() };
     bytes.reserve(width);
     let len = bytes.len();
-    let digits = &mut bytes.spare_capacity_mut()[..width];
-    let mut end = width;
-    let mut rest = n;
-    while end >= 2 {
-        let pair = (rest % 100) as usize * 2;
-        rest /= 100;
-        digits[end - 2].write(PAIRS[pair]);
-        digits[end - 1].write(PAIRS[pair + 1]);
-        end -= 2;
-    }
-    if end == 1 {
-        digits[0].write(b'0' + (rest % 10) as u8);
-    }
-    // SAFETY: the loop above wrote all `width` bytes past `len` (the last pair, or the
-    // single leading digit, reaches index 0).
+    fill_digits(&mut bytes.spare_capacity_mut()[..width], n);
+    // SAFETY: `fill_digits` wrote all `width` bytes past `len`.
     unsafe { bytes.set_len(len + width) };
 }
 
