@@ -411,6 +411,50 @@ async fn cipher_suites_are_chosen_in_go_s_order_and_by_go_s_rule_for_chacha20() 
     );
 }
 
+/// A client resumes its TLS 1.3 session on its next connection, and each handshake, full
+/// or resumed, sends it one ticket (Go's server sends one; rustls's default is two, and the
+/// second costs both sides work on every new connection).
+#[tokio::test(flavor = "multi_thread")]
+async fn tls13_sessions_resume_with_one_ticket_a_handshake() {
+    use rustls::HandshakeKind;
+    use std::sync::Arc;
+    use testkit::tls::{CountingSessions, get_over_tls, resuming_client};
+    let backend = Backend::start("one").await;
+    let proxy = Proxy::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path(), "site", &["resume.test"]);
+    proxy
+        .deploy(
+            "app",
+            &backend.target(),
+            &[
+                "--host=resume.test",
+                "--tls",
+                &format!("--tls-certificate-path={}", cert.display()),
+                &format!("--tls-private-key-path={}", key.display()),
+            ],
+        )
+        .await;
+    let sessions = Arc::new(CountingSessions::default());
+    let client = resuming_client(&pem, sessions.clone());
+    let get = || get_over_tls(proxy.https_port, client.clone(), "resume.test");
+    let (kind, response) = get().await;
+    assert_eq!(kind, HandshakeKind::Full);
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert_eq!(sessions.tickets(), 1, "tickets after a full handshake");
+    for resumed in 1..=3 {
+        let (kind, response) = get().await;
+        assert_eq!(kind, HandshakeKind::Resumed, "connection {}", resumed + 1);
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.ends_with("one"), "{response}");
+        assert_eq!(
+            sessions.tickets(),
+            1 + resumed,
+            "tickets after {resumed} resumed"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_services_survive_a_restart() {
     let backend = Backend::start("one").await;

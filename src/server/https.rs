@@ -58,6 +58,10 @@ pub fn server_config(resolver: Arc<TlsResolver>) -> TlsConfigs {
         // Our order of cipher suites, not the client's.
         config.ignore_client_order = true;
         config.session_storage = sessions.clone();
+        // One TLS 1.3 ticket a handshake, as Go's server (upstream) sends, not rustls's two:
+        // a client resumes with one and gets the next with it, so the second was encrypted,
+        // cached and parsed by the client for nothing, on every new connection.
+        config.send_tls13_tickets = 1;
         Arc::new(config)
     };
     TlsConfigs {
