@@ -29,6 +29,7 @@ use crate::proxy::exchange::Exchange;
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::proxy::{Forwarder, ResponseCookies, Retry, UpstreamRequest};
 use crate::recycle::Recycled;
+use crate::worker::Local;
 
 /// What the pipeline decided about the request before it is placed.
 pub(super) struct Placement<'a> {
@@ -162,7 +163,7 @@ impl Service {
         &self,
         req: &Request<B>,
         config: &ServiceConfig,
-    ) -> (Arc<LoadBalancer>, bool, bool) {
+    ) -> (Local<LoadBalancer>, bool, bool) {
         let lb = self.pool_for(req.headers());
         let read = is_read_request(req, config.options.read_targets_accept_websockets);
         // Writer affinity (upstream §4.4) matters only to a pool with readers: a client
@@ -204,7 +205,7 @@ impl Service {
         config: &ServiceConfig,
         prefix: &'p str,
         first: bool,
-    ) -> Result<Chosen<'p>, Arc<LoadBalancer>> {
+    ) -> Result<Chosen<'p>, Local<LoadBalancer>> {
         let (lb, read, to_reader) = self.pool_and_side(req, config);
         let affinity = lb.has_readers();
         let writer_affinity =
@@ -268,7 +269,7 @@ impl Service {
 /// A target, its pool, and the proxy's changes to the cookies of its answer.
 pub(super) struct Chosen<'p> {
     target: Arc<crate::balancer::Target>,
-    lb: Arc<LoadBalancer>,
+    lb: Local<LoadBalancer>,
     cookies: ResponseCookies<'p>,
     /// Session affinity: the answer pins the client to this target (the session cookie
     /// is added once the target is at hand, as it borrows the target's pin).

@@ -28,6 +28,7 @@ use crate::proxy::pages::ErrorPages;
 use crate::proxy::rejection::{Refused, Rejection};
 use crate::proxy::{Forwarder, Pools, headers};
 use crate::uri::{decoded_path, routed_path};
+use crate::worker::{Local, PerWorker};
 use gates::Gates;
 use pause::{PauseController, PauseOutcome};
 use sleep::{HealthAnswer, IdleController};
@@ -162,11 +163,13 @@ pub struct Conn {
 
 pub struct Service {
     pub name: Arc<str>,
-    config: ArcSwap<ServiceConfig>,
-    active: ArcSwap<LoadBalancer>,
+    /// The config and the pools a request holds on to while it lasts: a handle per worker
+    /// (see [`PerWorker`]).
+    config: ArcSwap<PerWorker<ServiceConfig>>,
+    active: ArcSwap<PerWorker<LoadBalancer>>,
     /// `rollout deploy`'s second pool, and `rollout set`'s split of requests onto it
     /// (upstream §4.5). `rollout stop` clears the split and keeps the pool.
-    rollout: ArcSwapOption<LoadBalancer>,
+    rollout: ArcSwapOption<PerWorker<LoadBalancer>>,
     rollout_split: optional::Optional<RolloutSplit>,
     pub pause: PauseController,
     sleep: optional::Optional<IdleController>,
@@ -183,8 +186,8 @@ impl Service {
     ) -> Self {
         Service {
             name: Arc::from(name),
-            config: ArcSwap::from_pointee(config),
-            active: ArcSwap::new(lb),
+            config: ArcSwap::from_pointee(PerWorker::new(Arc::new(config))),
+            active: ArcSwap::from_pointee(PerWorker::new(lb)),
             rollout: ArcSwapOption::empty(),
             rollout_split: optional::Optional::default(),
             pause,
@@ -194,29 +197,35 @@ impl Service {
     }
 
     pub fn config(&self) -> Arc<ServiceConfig> {
-        self.config.load_full()
+        self.config.load().shared().clone()
     }
 
     pub fn set_config(&self, config: ServiceConfig) {
-        self.config.store(Arc::new(config));
+        self.config
+            .store(Arc::new(PerWorker::new(Arc::new(config))));
     }
 
     pub fn active(&self) -> Arc<LoadBalancer> {
-        self.active.load_full()
+        self.active.load().shared().clone()
     }
 
     /// Installs a new pool and returns the one it replaces.
     pub fn swap_active(&self, lb: Arc<LoadBalancer>) -> Arc<LoadBalancer> {
-        self.active.swap(lb)
+        self.active
+            .swap(Arc::new(PerWorker::new(lb)))
+            .shared()
+            .clone()
     }
 
     pub fn rollout(&self) -> Option<Arc<LoadBalancer>> {
-        self.rollout.load_full()
+        self.rollout.load().as_ref().map(|lb| lb.shared().clone())
     }
 
     /// Installs (or clears) the rollout pool and returns the one it replaces.
     pub fn swap_rollout(&self, lb: Option<Arc<LoadBalancer>>) -> Option<Arc<LoadBalancer>> {
-        self.rollout.swap(lb)
+        self.rollout
+            .swap(lb.map(|lb| Arc::new(PerWorker::new(lb))))
+            .map(|old| old.shared().clone())
     }
 
     pub fn rollout_split(&self) -> Option<Arc<RolloutSplit>> {
@@ -246,15 +255,15 @@ impl Service {
 
     /// The pool a request goes to: the rollout pool when a split is set and the request's
     /// `kamal-rollout` cookie falls on its side, else the active pool.
-    fn pool_for(&self, headers: &http::HeaderMap) -> Arc<LoadBalancer> {
+    fn pool_for(&self, headers: &http::HeaderMap) -> Local<LoadBalancer> {
         if let Some(split) = self.rollout_split.load_full() {
-            if let Some(rollout) = self.rollout.load_full() {
+            if let Some(rollout) = self.rollout.load().as_ref() {
                 if request_cookie(headers, ROLLOUT_COOKIE).is_some_and(|v| split.routes(v)) {
-                    return rollout;
+                    return rollout.local();
                 }
             }
         }
-        self.active.load_full()
+        self.active.load().local()
     }
 
     pub fn sleep_controller(&self) -> Option<Arc<IdleController>> {
@@ -295,7 +304,7 @@ impl Service {
         forwarder: &'a Forwarder,
     ) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
         async move {
-            let config = self.config.load_full();
+            let config = self.config.load().local();
             // The gates below may change the request's headers, so the path is read from the
             // URI's own handle (a reference count, not a copy) and routed once.
             let uri = req.uri().clone();

@@ -55,8 +55,8 @@ use hyper_util::rt::TokioIo;
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
@@ -65,6 +65,7 @@ use super::http1 as own;
 use super::proxy_fields::ProxyFields;
 use super::retry::Tracked;
 use crate::options::upstream::PoolSettings;
+use crate::worker::Padded;
 
 mod error;
 mod target;
@@ -298,9 +299,9 @@ impl Pools {
             .map(|n| Arc::new(Semaphore::new(n.min(Semaphore::MAX_PERMITS))));
         let made = Arc::new(TargetPool {
             idle: (0..crate::worker::slots())
-                .map(|_| Mutex::default())
+                .map(|_| Padded::default())
                 .collect(),
-            idle_count: AtomicUsize::new(0),
+            idle_count: Padded::default(),
             slots,
             returned: Notify::new(),
             waiting: Default::default(),

@@ -11,13 +11,16 @@ use tokio::time::Instant;
 use super::super::body::RequestBody;
 use super::super::http1::{self as own, body::Lease};
 use crate::options::upstream::PoolSettings;
+use crate::worker::Padded;
 
 /// One target's connections within a service's [`Pools`].
 pub(super) struct TargetPool {
-    /// One list per worker thread.
-    pub(super) idle: Box<[Mutex<IdleList>]>,
-    /// Idle connections in all the lists, for `--target-max-idle-conns`.
-    pub(super) idle_count: AtomicUsize,
+    /// One list per worker thread, each on cache lines of its own: each worker takes and
+    /// puts back a connection on every request.
+    pub(super) idle: Box<[Padded<Mutex<IdleList>>]>,
+    /// Idle connections in all the lists, for `--target-max-idle-conns`. Written by every
+    /// worker on every request: apart from the fields they only read.
+    pub(super) idle_count: Padded<AtomicUsize>,
     /// `--target-max-conns`: one permit per open connection.
     pub(super) slots: Option<Arc<Semaphore>>,
     /// A connection went back to the idle list: a request waiting for a slot may take it.
