@@ -3,7 +3,9 @@
 //! The HTTP and HTTPS listeners run one single-threaded runtime per core
 //! ([`crate::server::workers`]); state that a request touches on every exchange (the idle
 //! upstream connections of a target) is kept per worker, so a request finds what its own
-//! thread made and drives, and never waits for a wake-up on another core. Threads that
+//! thread made and drives, and never waits for a wake-up on another core; shared values a
+//! request holds on to are reached through a handle per worker ([`PerWorker`]), so the
+//! reference count it writes stays in its own core's cache. Threads that
 //! are not workers (the control runtime's, which serves HTTP/3; tests) share one more
 //! slot, [`count`]: per-worker state has [`slots`] entries.
 

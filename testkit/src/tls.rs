@@ -9,6 +9,16 @@ use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+/// A store trusting only the certificate `pem`.
+fn roots(pem: &str) -> rustls::RootCertStore {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("PEM"))
+        .expect("root");
+    roots
+}
+
 /// A TLS handshake on `tcp` for `sni`, trusting only `pem`, offering `alpn`.
 pub async fn handshake(
     tcp: TcpStream,
@@ -16,11 +26,7 @@ pub async fn handshake(
     sni: &str,
     alpn: &[&[u8]],
 ) -> TlsStream<TcpStream> {
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("PEM"))
-        .expect("root");
+    let roots = roots(pem);
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -44,11 +50,7 @@ pub async fn negotiated_suite(
     suites: &[rustls::SupportedCipherSuite],
     version: &'static rustls::SupportedProtocolVersion,
 ) -> rustls::CipherSuite {
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("PEM"))
-        .expect("root");
+    let roots = roots(pem);
     let mut provider = rustls::crypto::aws_lc_rs::default_provider();
     provider.cipher_suites = suites.to_vec();
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
@@ -124,11 +126,7 @@ impl rustls::client::ClientSessionStore for CountingSessions {
 /// config for all the connections that should resume: rustls resumes a session only
 /// with the certificate verifier that made it.
 pub fn resuming_client(pem: &str, sessions: Arc<CountingSessions>) -> Arc<rustls::ClientConfig> {
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("PEM"))
-        .expect("root");
+    let roots = roots(pem);
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
