@@ -10,8 +10,8 @@
 //! slot, [`count`]: per-worker state has [`slots`] entries.
 
 use std::cell::Cell;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 static COUNT: AtomicUsize = AtomicUsize::new(1);
 
@@ -64,25 +64,28 @@ impl<T> std::ops::Deref for Padded<T> {
 /// cloning the same `Arc` on every request moves that line between the cores each time
 /// (bench/README.md, "Twentieth round"). [`PerWorker::local`] clones this worker's own
 /// handle instead: the count it writes is on lines no other worker touches, and the
-/// value's own `Arc` is not written at all.
+/// value's own `Arc` is not written at all. A worker's handle is made the first time it
+/// serves the value, so a service no request reaches (asleep, say, among a thousand) costs
+/// no handle.
 pub struct PerWorker<T> {
     shared: Arc<T>,
-    handles: Box<[Arc<Padded<Arc<T>>>]>,
+    /// Read-only once set: only the handles' own counts are written.
+    handles: Box<[OnceLock<Handle<T>>]>,
 }
 
+/// One worker's reference to a [`PerWorker`] value, alone on its cache lines.
+type Handle<T> = Arc<Padded<Arc<T>>>;
+
 /// A worker's handle on a [`PerWorker`] value, held for a request.
-pub struct Local<T>(Arc<Padded<Arc<T>>>);
+pub struct Local<T>(Handle<T>);
 
 impl<T> PerWorker<T> {
-    /// One handle per slot ([`slots`]); made after the workers are counted, as the
-    /// services are (a value made before has fewer handles, shared round the workers).
+    /// Room for a handle per slot ([`slots`]); made after the workers are counted, as the
+    /// services are (a value made before has fewer slots, shared round the workers).
     pub fn new(value: Arc<T>) -> Self {
-        let handles = (0..slots())
-            .map(|_| Arc::new(Padded(value.clone())))
-            .collect();
         PerWorker {
             shared: value,
-            handles,
+            handles: (0..slots()).map(|_| OnceLock::new()).collect(),
         }
     }
 
@@ -93,7 +96,11 @@ impl<T> PerWorker<T> {
 
     /// This thread's handle.
     pub fn local(&self) -> Local<T> {
-        Local(self.handles[index() % self.handles.len()].clone())
+        let slot = &self.handles[index() % self.handles.len()];
+        Local(
+            slot.get_or_init(|| Arc::new(Padded(self.shared.clone())))
+                .clone(),
+        )
     }
 }
 
@@ -115,33 +122,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_slot_has_its_own_handle_on_lines_of_its_own() {
+    fn a_worker_s_handle_is_its_own_made_when_it_first_serves() {
         let value = Arc::new(String::from("config"));
-        let per_worker = PerWorker::new(value.clone());
+        let per_worker = Arc::new(PerWorker::new(value.clone()));
         assert_eq!(per_worker.handles.len(), slots());
-        // The value's count: ours, the `PerWorker`'s, and one per handle; a local clone
-        // writes none of them.
-        assert_eq!(Arc::strong_count(&value), 2 + slots());
+        // Ours and the `PerWorker`'s: no handle yet.
+        assert_eq!(Arc::strong_count(&value), 2);
         let local = per_worker.local();
-        let again = local.clone();
-        assert_eq!(Arc::strong_count(&value), 2 + slots());
-        assert_eq!(&*again, "config");
+        let _again = local.clone();
+        let and_again = per_worker.local();
+        // One handle for this thread, whose clones write its count, not the value's.
+        assert_eq!(Arc::strong_count(&value), 3);
+        assert_eq!(Arc::strong_count(&local.0), 4);
+        assert_eq!(&*and_again, "config");
         assert!(Arc::ptr_eq(per_worker.shared(), &value));
-        for handle in per_worker.handles.iter() {
-            let at = Arc::as_ptr(handle) as usize;
-            assert_eq!(at % 128, 0, "a handle's value starts a 128-byte block");
-        }
-        // A thread off the workers uses the last slot; worker 0 the first.
-        assert!(Arc::ptr_eq(
-            &local.0,
-            &per_worker.handles[index() % slots()]
-        ));
-        std::thread::spawn(move || {
+        assert_eq!(
+            Arc::as_ptr(&local.0) as usize % 128,
+            0,
+            "a handle fills 128-byte blocks"
+        );
+        // Worker 0 gets a handle of its own (a test thread uses the last slot).
+        let worker = per_worker.clone();
+        let theirs = std::thread::spawn(move || {
             enter(0);
-            let on_worker = per_worker.local();
-            assert!(Arc::ptr_eq(&on_worker.0, &per_worker.handles[0]));
+            Arc::as_ptr(&worker.local().0) as usize
         })
         .join()
         .unwrap();
+        assert_ne!(theirs, Arc::as_ptr(&local.0) as usize);
+        assert_eq!(Arc::strong_count(&value), 4);
     }
 }
