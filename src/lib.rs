@@ -18,6 +18,7 @@ pub mod recycle;
 pub mod router;
 pub mod server;
 pub mod service;
+pub mod short_copy;
 pub mod tls;
 pub mod uri;
 pub mod worker;

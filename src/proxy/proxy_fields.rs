@@ -11,6 +11,7 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::headers::{X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_KAMAL_TARGET};
+use crate::short_copy::append;
 
 static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
@@ -99,9 +100,9 @@ impl ProxyFields {
     pub fn write(&self, out: &mut Vec<u8>) {
         for (name, value) in self.fields() {
             if let Some(v) = value {
-                out.extend_from_slice(name.as_str().as_bytes());
+                append(out, name.as_str().as_bytes());
                 out.extend_from_slice(b": ");
-                out.extend_from_slice(v.as_bytes());
+                append(out, v.as_bytes());
                 out.extend_from_slice(b"\r\n");
             }
         }

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::short_copy::append_str;
+
 /// Adapter that JSON-escapes everything written through it, so `Debug` and
 /// `Display` values can be escaped without formatting into a temporary.
 pub(super) struct Escaping<'a, W: fmt::Write + ?Sized>(pub(super) &'a mut W);
@@ -37,7 +39,7 @@ pub fn json_escape_into(out: &mut String, s: &str) {
 pub fn push_quoted(out: &mut String, text: &str) {
     out.reserve(text.len() + 2);
     out.push('"');
-    out.push_str(text);
+    append_str(out, text);
     out.push('"');
 }
 

@@ -22,6 +22,7 @@ mod tests;
 use super::headers::has_token;
 use super::proxy_fields::ProxyFields;
 use crate::raw_tcp;
+use crate::short_copy::append;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Version};
@@ -271,17 +272,17 @@ impl Connection {
         // The buffer keeps its capacity from one request to the next: no sizing pass.
         let out = &mut self.out;
         out.clear();
-        out.extend_from_slice(method.as_str().as_bytes());
+        append(out, method.as_str().as_bytes());
         out.push(b' ');
-        out.extend_from_slice(path.as_bytes());
+        append(out, path.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
         for (name, value) in headers {
             if name == header::TRANSFER_ENCODING || ProxyFields::replaces(name) {
                 continue;
             }
-            out.extend_from_slice(name.as_str().as_bytes());
+            append(out, name.as_str().as_bytes());
             out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
+            append(out, value.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
         fields.write(out);

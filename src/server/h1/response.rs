@@ -3,6 +3,7 @@
 //! size, chunked otherwise, to the close for HTTP/1.0) and keep-alive rules, so a client
 //! cannot tell which of the two served it.
 
+use crate::short_copy::append;
 use bytes::{Buf, Bytes};
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version, header};
 use http_body::Body;
@@ -96,10 +97,10 @@ pub fn encode_head(
         } else {
             b"HTTP/1.1 "
         });
-        out.extend_from_slice(status.as_str().as_bytes());
+        append(out, status.as_str().as_bytes());
         out.push(b' ');
         let canonical = status.canonical_reason().unwrap_or("<none>").as_bytes();
-        out.extend_from_slice(reason.unwrap_or(canonical));
+        append(out, reason.unwrap_or(canonical));
         out.extend_from_slice(b"\r\n");
     }
 
@@ -146,7 +147,7 @@ pub fn encode_head(
                         };
                         framing = Framing::Length(len);
                         out.extend_from_slice(b"content-length: ");
-                        out.extend_from_slice(value.as_bytes());
+                        append(out, value.as_bytes());
                         wrote_len = true;
                         open_line = Some(name.clone());
                     }
@@ -172,7 +173,7 @@ pub fn encode_head(
                     out.extend_from_slice(b"transfer-encoding: ");
                     open_line = Some(name.clone());
                 }
-                out.extend_from_slice(value.as_bytes());
+                append(out, value.as_bytes());
                 continue;
             }
             header::CONNECTION | header::TRAILER => {
@@ -184,11 +185,11 @@ pub fn encode_head(
                 if joined {
                     out.extend_from_slice(b", ");
                 } else {
-                    out.extend_from_slice(name.as_str().as_bytes());
+                    append(out, name.as_str().as_bytes());
                     out.extend_from_slice(b": ");
                     open_line = Some(name.clone());
                 }
-                out.extend_from_slice(value.as_bytes());
+                append(out, value.as_bytes());
                 continue;
             }
             header::DATE => wrote_date = true,
@@ -217,7 +218,7 @@ pub fn encode_head(
             Some(Some(len)) => {
                 if can_length {
                     out.extend_from_slice(b"content-length: ");
-                    out.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
+                    append(out, itoa::Buffer::new().format(len).as_bytes());
                     out.extend_from_slice(b"\r\n");
                     Framing::Length(len)
                 } else {
@@ -243,9 +244,9 @@ pub fn encode_head(
 }
 
 fn write_field(out: &mut Vec<u8>, name: &header::HeaderName, value: &[u8]) {
-    out.extend_from_slice(name.as_str().as_bytes());
+    append(out, name.as_str().as_bytes());
     out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
+    append(out, value);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -379,9 +380,9 @@ impl Sender {
             &[]
         };
         if self.out.len() + data.len() <= COPY_UP_TO + 512 && data.len() <= COPY_UP_TO {
-            self.out.extend_from_slice(prefix);
-            self.out.extend_from_slice(&data);
-            self.out.extend_from_slice(suffix);
+            append(&mut self.out, prefix);
+            append(&mut self.out, &data);
+            append(&mut self.out, suffix);
             return self.flush(stream).await;
         }
         let mut head = std::mem::take(&mut self.out);
