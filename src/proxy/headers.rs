@@ -2,7 +2,9 @@
 //! does it: hop-by-hop headers removed, upgrades re-announced. (`X-Forwarded-*`:
 //! [`super::proxy_fields`].)
 
+use bytes::{Buf, Bytes};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::ops::Range;
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -160,6 +162,21 @@ pub fn name_from_wire(name: &[u8]) -> Result<HeaderName, http::header::InvalidHe
     Ok(common.clone())
 }
 
+/// A field's value cut out of its head's bytes without a copy: a slice of them, which
+/// raises their shared reference count (and dropping it lowers it again), or, for the
+/// head's last field, the head's own reference narrowed to the value (`head` is left
+/// empty). Each head the HTTP/1 parsers read saves a count raised and dropped that way:
+/// two atomic operations and two calls through `bytes`' table, of about 25 a request.
+pub fn cut_value(head: &mut Bytes, span: Range<usize>, last: bool) -> Bytes {
+    if !last {
+        return head.slice(span);
+    }
+    let mut value = std::mem::take(head);
+    value.truncate(span.end);
+    value.advance(span.start);
+    value
+}
+
 /// Whether a comma-separated field value (`Connection`) lists `token`, case-insensitively.
 /// For both legs of HTTP/1: the client's request and response, the app's response.
 pub fn has_token(value: &[u8], token: &[u8]) -> bool {
@@ -227,6 +244,29 @@ mod tests {
 
     fn hv(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).unwrap()
+    }
+
+    /// Every value is the bytes of its span, whether sliced or the head's last; the last
+    /// one takes the head, and what was sliced before stays intact.
+    #[test]
+    fn values_are_cut_from_the_head_and_the_last_takes_it() {
+        let mut buf = bytes::BytesMut::from(&b"Host: a.test\r\nAccept: */*\r\n\r\nnext"[..]);
+        let mut head = buf.split_to(30).freeze();
+        let host = cut_value(&mut head, 6..12, false);
+        let accept = cut_value(&mut head, 22..25, true);
+        assert_eq!(&host[..], b"a.test");
+        assert_eq!(&accept[..], b"*/*");
+        assert!(
+            head.is_empty(),
+            "the head's reference went to the last value"
+        );
+        drop(buf);
+        assert_eq!((&host[..], &accept[..]), (&b"a.test"[..], &b"*/*"[..]));
+        // A value at the head's very end, and an empty one.
+        let mut head = Bytes::from_static(b"X: y");
+        assert_eq!(&cut_value(&mut head, 3..4, true)[..], b"y");
+        let mut head = Bytes::from_static(b"X: ");
+        assert!(cut_value(&mut head, 3..3, true).is_empty());
     }
 
     #[test]

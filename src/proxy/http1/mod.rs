@@ -379,12 +379,13 @@ impl Connection {
                 self.spans
                     .push([name, name + name_len, value, value + value_len]);
             }
-            let head = self.buf.split_to(len).freeze();
+            let mut head = self.buf.split_to(len).freeze();
             let mut headers = super::header_maps::with_capacity(self.spans.len());
             let mut keep_alive = version == Version::HTTP_11;
             let mut close = false;
             let mut body_fields = BodyFields::default();
-            for &[ns, ne, vs, ve] in &self.spans {
+            let fields = self.spans.len();
+            for (i, &[ns, ne, vs, ve]) in self.spans.iter().enumerate() {
                 let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
                 let name = super::headers::name_from_wire(&head[ns..ne]).map_err(|_| invalid())?;
                 let raw = &head[vs..ve];
@@ -405,9 +406,10 @@ impl Connection {
                         continue;
                     }
                 }
+                let value = super::headers::cut_value(&mut head, vs..ve, i + 1 == fields);
                 // SAFETY: httparse accepted these bytes as a field value, and its set
                 // (HTAB, SP through `~`, 0x80 and above) is the one `HeaderValue` allows.
-                let value = unsafe { HeaderValue::from_maybe_shared_unchecked(head.slice(vs..ve)) };
+                let value = unsafe { HeaderValue::from_maybe_shared_unchecked(value) };
                 if name == header::CONTENT_LENGTH {
                     body_fields.content_length(value.as_bytes());
                 } else if name == header::TRANSFER_ENCODING {
