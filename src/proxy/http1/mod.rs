@@ -384,7 +384,15 @@ impl Connection {
             let mut keep_alive = version == Version::HTTP_11;
             let mut close = false;
             let mut body_fields = BodyFields::default();
-            let fields = self.spans.len();
+            // The last field that reaches the map takes the head's own reference
+            // (`cut_value`); a `Connection` that names no other field (below), which nginx
+            // and others send last, does not reach it.
+            let last_kept = self.spans.iter().rposition(|&[ns, ne, vs, ve]| {
+                let name = &head[ns as usize..ne as usize];
+                let value = &head[vs as usize..ve as usize];
+                !(name.eq_ignore_ascii_case(b"connection")
+                    && super::headers::connection_names_no_other_field(value))
+            });
             for (i, &[ns, ne, vs, ve]) in self.spans.iter().enumerate() {
                 let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
                 let name = super::headers::name_from_wire(&head[ns..ne]).map_err(|_| invalid())?;
@@ -406,7 +414,7 @@ impl Connection {
                         continue;
                     }
                 }
-                let value = super::headers::cut_value(&mut head, vs..ve, i + 1 == fields);
+                let value = super::headers::cut_value(&mut head, vs..ve, Some(i) == last_kept);
                 // SAFETY: httparse accepted these bytes as a field value, and its set
                 // (HTAB, SP through `~`, 0x80 and above) is the one `HeaderValue` allows.
                 let value = unsafe { HeaderValue::from_maybe_shared_unchecked(value) };
