@@ -545,6 +545,36 @@ async fn the_response_s_connection_field_stays_only_when_it_names_another_field(
     assert_eq!(response.headers()[header::CONNECTION], "close");
 }
 
+/// The last field that reaches the map is cut out of the head last (it takes the head's
+/// reference): with nginx's order (`Connection` last, read and dropped) and with the body's
+/// framing in the last field, every field and the body come through as sent.
+#[tokio::test]
+async fn every_field_comes_through_whichever_is_last() {
+    let (response, released, _, _far) = exchange(
+        Method::GET,
+        b"HTTP/1.1 200 OK\r\nServer: nginx\r\nContent-Type: text/plain\r\nContent-Length: 6\r\nConnection: keep-alive\r\n\r\nhello\n",
+        false,
+    )
+    .await;
+    assert!(released.load(Ordering::SeqCst), "kept alive");
+    let h = response.headers();
+    assert_eq!(h["server"], "nginx");
+    assert_eq!(h["content-type"], "text/plain");
+    assert_eq!(h[header::CONTENT_LENGTH], "6");
+    assert!(!h.contains_key(header::CONNECTION));
+    assert_eq!(body_of(response).await.unwrap().0, "hello\n");
+
+    let (response, _, _, _far) = exchange(
+        Method::GET,
+        b"HTTP/1.1 200 OK\r\nX-App: 1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(response.headers()["x-app"], "1");
+    assert_eq!(response.headers()[header::TRANSFER_ENCODING], "chunked");
+    assert_eq!(body_of(response).await.unwrap().0, "hello");
+}
+
 /// hyper's framing rules, applied to fields noted one line at a time.
 #[test]
 fn body_framing_from_the_fields_as_they_were_read() {

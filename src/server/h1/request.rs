@@ -112,7 +112,12 @@ pub fn parse(buf: &mut BytesMut, max_head: usize) -> Parsed {
         let Ok(name) = crate::proxy::headers::name_from_wire(&head[ns..ne]) else {
             return give_back(&head, buf);
         };
-        let value = crate::proxy::headers::cut_value(&mut head, vs..ve, i + 1 == count);
+        // The last field takes the head's own reference: nothing reads the head after it.
+        let value = if i + 1 == count {
+            crate::proxy::headers::take_value(&mut head, vs..ve)
+        } else {
+            head.slice(vs..ve)
+        };
         // SAFETY: httparse accepted these bytes as a field value, and its set (HTAB, SP
         // through `~`, 0x80 and above) is the one `HeaderValue` allows.
         let value = unsafe { HeaderValue::from_maybe_shared_unchecked(value) };
