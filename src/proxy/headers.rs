@@ -2,9 +2,7 @@
 //! does it: hop-by-hop headers removed, upgrades re-announced. (`X-Forwarded-*`:
 //! [`super::proxy_fields`].)
 
-use bytes::{Buf, Bytes};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use std::ops::Range;
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -162,18 +160,6 @@ pub fn name_from_wire(name: &[u8]) -> Result<HeaderName, http::header::InvalidHe
     Ok(common.clone())
 }
 
-/// A field's value taken out of its head's bytes as the head's own reference, narrowed to
-/// the value; `head` is left empty. For a head's last field: a slice (`head.slice(span)`)
-/// would raise the bytes' shared reference count, and dropping the head lower it again, two
-/// atomic operations and two calls through `bytes`' table (of about 25 a request), saved
-/// once for each head the HTTP/1 parsers read.
-pub fn take_value(head: &mut Bytes, span: Range<usize>) -> Bytes {
-    let mut value = std::mem::take(head);
-    value.truncate(span.end);
-    value.advance(span.start);
-    value
-}
-
 /// Whether a comma-separated field value (`Connection`) lists `token`, case-insensitively.
 /// For both legs of HTTP/1: the client's request and response, the app's response.
 pub fn has_token(value: &[u8], token: &[u8]) -> bool {
@@ -241,27 +227,6 @@ mod tests {
 
     fn hv(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).unwrap()
-    }
-
-    /// The last value takes the head; what was sliced from it before stays intact.
-    #[test]
-    fn the_last_value_takes_the_head() {
-        let mut buf = bytes::BytesMut::from(&b"Host: a.test\r\nAccept: */*\r\n\r\nnext"[..]);
-        let mut head = buf.split_to(30).freeze();
-        let host = head.slice(6..12);
-        let accept = take_value(&mut head, 22..25);
-        assert_eq!(&accept[..], b"*/*");
-        assert!(
-            head.is_empty(),
-            "the head's reference went to the last value"
-        );
-        drop(buf);
-        assert_eq!((&host[..], &accept[..]), (&b"a.test"[..], &b"*/*"[..]));
-        // A value at the head's very end, and an empty one.
-        let mut head = Bytes::from_static(b"X: y");
-        assert_eq!(&take_value(&mut head, 3..4)[..], b"y");
-        let mut head = Bytes::from_static(b"X: ");
-        assert!(take_value(&mut head, 3..3).is_empty());
     }
 
     #[test]

@@ -24,7 +24,7 @@ use super::proxy_fields::ProxyFields;
 use crate::raw_tcp;
 use crate::short_copy::append;
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Version};
 use std::fmt;
 use std::io;
@@ -379,34 +379,12 @@ impl Connection {
                 self.spans
                     .push([name, name + name_len, value, value + value_len]);
             }
-            let mut head = self.buf.split_to(len).freeze();
+            let head = self.buf.split_to(len).freeze();
             let mut headers = super::header_maps::with_capacity(self.spans.len());
             let mut keep_alive = version == Version::HTTP_11;
             let mut close = false;
             let mut body_fields = BodyFields::default();
-            // The last field that reaches the map takes the head's own reference
-            // (`take_value`), once the loop has read the head's bytes for the last time. A
-            // `Connection` that names no other field (below), which nginx and others send
-            // last, does not reach it.
-            let last_kept = self.spans.iter().rposition(|&[ns, ne, vs, ve]| {
-                let name = &head[ns as usize..ne as usize];
-                let value = &head[vs as usize..ve as usize];
-                !(name.eq_ignore_ascii_case(b"connection")
-                    && super::headers::connection_names_no_other_field(value))
-            });
-            let mut last = None;
-            let mut keep = |name: HeaderName, value: Bytes| {
-                // SAFETY: httparse accepted these bytes as a field value, and its set
-                // (HTAB, SP through `~`, 0x80 and above) is the one `HeaderValue` allows.
-                let value = unsafe { HeaderValue::from_maybe_shared_unchecked(value) };
-                if name == header::CONTENT_LENGTH {
-                    body_fields.content_length(value.as_bytes());
-                } else if name == header::TRANSFER_ENCODING {
-                    body_fields.transfer_encoding = Some(value.clone());
-                }
-                headers.append(name, value);
-            };
-            for (i, &[ns, ne, vs, ve]) in self.spans.iter().enumerate() {
+            for &[ns, ne, vs, ve] in &self.spans {
                 let (ns, ne, vs, ve) = (ns as usize, ne as usize, vs as usize, ve as usize);
                 let name = super::headers::name_from_wire(&head[ns..ne]).map_err(|_| invalid())?;
                 let raw = &head[vs..ve];
@@ -427,14 +405,15 @@ impl Connection {
                         continue;
                     }
                 }
-                if Some(i) == last_kept {
-                    last = Some((name, vs..ve));
-                } else {
-                    keep(name, head.slice(vs..ve));
+                // SAFETY: httparse accepted these bytes as a field value, and its set
+                // (HTAB, SP through `~`, 0x80 and above) is the one `HeaderValue` allows.
+                let value = unsafe { HeaderValue::from_maybe_shared_unchecked(head.slice(vs..ve)) };
+                if name == header::CONTENT_LENGTH {
+                    body_fields.content_length(value.as_bytes());
+                } else if name == header::TRANSFER_ENCODING {
+                    body_fields.transfer_encoding = Some(value.clone());
                 }
-            }
-            if let Some((name, span)) = last {
-                keep(name, super::headers::take_value(&mut head, span));
+                headers.append(name, value);
             }
             let framing = framing(status, method, version, body_fields)
                 .map_err(|kind| SendError::Failed(Error::new(kind, None)))?;

@@ -545,8 +545,7 @@ async fn the_response_s_connection_field_stays_only_when_it_names_another_field(
     assert_eq!(response.headers()[header::CONNECTION], "close");
 }
 
-/// The last field that reaches the map is cut out of the head last (it takes the head's
-/// reference): with nginx's order (`Connection` last, read and dropped) and with the body's
+/// With nginx's order of fields (`Connection` last, read and dropped) and with the body's
 /// framing in the last field, every field and the body come through as sent.
 #[tokio::test]
 async fn every_field_comes_through_whichever_is_last() {

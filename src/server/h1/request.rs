@@ -3,7 +3,7 @@
 //! `TE`, `CONNECT`, a head too large or malformed — is left to hyper, which then answers
 //! it exactly as it would have (400, 413, 414, 431, ...).
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use http::{HeaderValue, Method, Request, Uri, Version, header};
 use std::mem::MaybeUninit;
 
@@ -91,36 +91,30 @@ pub fn parse(buf: &mut BytesMut, max_head: usize) -> Parsed {
         let start = at(target.as_bytes()) as usize;
         start..start + target.len()
     };
-    let mut head = buf.split_to(len).freeze();
+    let head = buf.split_to(len).freeze();
     // hyper answers what it cannot take (400): the head goes back in front of what follows.
-    let give_back = |head: &Bytes, buf: &mut BytesMut| {
+    let give_back = |buf: &mut BytesMut| {
         let mut back = BytesMut::with_capacity(head.len() + buf.len());
-        back.extend_from_slice(head);
+        back.extend_from_slice(&head);
         back.extend_from_slice(buf);
         *buf = back;
         Parsed::Elsewhere
     };
     let Ok(uri) = Uri::from_maybe_shared(head.slice(target_span)) else {
-        return give_back(&head, buf);
+        return give_back(buf);
     };
     // Room for the fields the pipeline adds (`X-Request-Id`, `X-Request-Start`, three
     // `X-Forwarded-*`, `X-Kamal-Target`): a map that grows rehashes every name.
     let mut headers = crate::proxy::header_maps::with_capacity(count + ADDED_FIELDS);
-    for (i, span) in spans[..count].iter().enumerate() {
+    for span in &spans[..count] {
         // SAFETY: the loop above wrote the first `count` spans.
         let [ns, ne, vs, ve] = unsafe { span.assume_init() }.map(|o| o as usize);
         let Ok(name) = crate::proxy::headers::name_from_wire(&head[ns..ne]) else {
-            return give_back(&head, buf);
-        };
-        // The last field takes the head's own reference: nothing reads the head after it.
-        let value = if i + 1 == count {
-            crate::proxy::headers::take_value(&mut head, vs..ve)
-        } else {
-            head.slice(vs..ve)
+            return give_back(buf);
         };
         // SAFETY: httparse accepted these bytes as a field value, and its set (HTAB, SP
         // through `~`, 0x80 and above) is the one `HeaderValue` allows.
-        let value = unsafe { HeaderValue::from_maybe_shared_unchecked(value) };
+        let value = unsafe { HeaderValue::from_maybe_shared_unchecked(head.slice(vs..ve)) };
         headers.append(name, value);
     }
     let (mut parts, ()) = Request::new(()).into_parts();
