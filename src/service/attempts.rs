@@ -165,7 +165,11 @@ impl Service {
         config: &ServiceConfig,
     ) -> (Local<LoadBalancer>, bool, bool) {
         let lb = self.pool_for(req.headers());
-        let read = is_read_request(req, config.options.read_targets_accept_websockets);
+        // Only a pool with readers tells reads from writes (every use of `read` below and
+        // in the balancer is with readers present): most pools have none, and the test
+        // looks up `Connection` and `Upgrade`.
+        let read =
+            lb.has_readers() && is_read_request(req, config.options.read_targets_accept_websockets);
         // Writer affinity (upstream §4.4) matters only to a pool with readers: a client
         // that wrote recently reads from a writer, and a write renews its cookie.
         let to_reader = read && !(lb.has_readers() && has_live_writer_cookie(req.headers()));
