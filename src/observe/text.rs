@@ -144,27 +144,6 @@ pub(crate) fn ascii(bytes: &[u8]) -> &str {
     unsafe { std::str::from_utf8_unchecked(bytes) }
 }
 
-/// Appends `n` in decimal, written where it goes: through a [`Decimal`] it took a copy
-/// (a call to `memcpy`) of a few bytes, for each of the access line's six numbers.
-pub fn push_u64(out: &mut String, n: u64) {
-    let width = n.checked_ilog10().map_or(1, |log| log as usize + 1);
-    // SAFETY: only ASCII digits are appended, so the string stays UTF-8.
-    let bytes = unsafe { out.as_mut_vec() };
-    bytes.reserve(width);
-    let len = bytes.len();
-    fill_digits(&mut bytes.spare_capacity_mut()[..width], n);
-    // SAFETY: `fill_digits` wrote all `width` bytes past `len`.
-    unsafe { bytes.set_len(len + width) };
-}
-
-/// Appends `n` in decimal, with its sign.
-pub fn push_i64(out: &mut String, n: i64) {
-    if n < 0 {
-        out.push('-');
-    }
-    push_u64(out, n.unsigned_abs());
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,19 +204,6 @@ mod tests {
         for n in (0..=100_000u64).chain((1..20).map(|e| 10u64.pow(e) - 1)) {
             assert_eq!(Decimal::new(n).as_str(), n.to_string());
             assert_eq!(Decimal::new(n + 1).as_str(), (n + 1).to_string());
-        }
-        for n in (0..=100_000u64)
-            .chain((1..20).flat_map(|e| [10u64.pow(e) - 1, 10u64.pow(e)]))
-            .chain([u64::MAX])
-        {
-            let mut s = String::from("x");
-            push_u64(&mut s, n);
-            assert_eq!(s, format!("x{n}"));
-        }
-        for n in [0i64, -1, 42, -9_876_543_210, i64::MIN, i64::MAX] {
-            let mut s = String::new();
-            push_i64(&mut s, n);
-            assert_eq!(s, n.to_string());
         }
     }
 }

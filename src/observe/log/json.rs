@@ -36,7 +36,7 @@ pub fn json_escape_into(out: &mut String, s: &str) {
 
 /// Appends text that needs no escaping (checked, or digits, a method, a protocol) in quotes.
 #[inline]
-pub fn push_quoted(out: &mut String, text: &str) {
+fn push_quoted(out: &mut String, text: &str) {
     out.reserve(text.len() + 2);
     out.push('"');
     append_str(out, text);
@@ -98,7 +98,8 @@ fn push_escaped_bytes(out: &mut String, bytes: &[u8]) {
 /// request. Here 16 bytes at a time (a fold of fixed length, which the compiler turns into a
 /// few vector instructions), 8 at a time in a word below that, and the ends by overlapping
 /// the last block rather than looping over a remainder.
-pub(super) fn plain(bytes: &[u8]) -> bool {
+#[inline]
+pub fn plain(bytes: &[u8]) -> bool {
     let n = bytes.len();
     if n >= 16 {
         let clean = bytes.chunks_exact(16).fold(true, |clean, block| {

@@ -57,7 +57,7 @@ pub use batch::{
     WORKER_FLUSH_DELAY, flush_thread, thread_idle, thread_stopping, worker_idle, write_line,
 };
 pub use event::SlogJson;
-pub use json::{json_escape_bytes_into, json_escape_into, json_string_list_member, push_quoted};
+pub use json::{json_escape_bytes_into, json_escape_into, json_string_list_member, plain};
 pub use time::{push_rfc3339_nano_utc, rfc3339_nano_utc};
 
 pub use sink::Guard;
