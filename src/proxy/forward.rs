@@ -1,7 +1,7 @@
 //! The last step of the pipeline: send the request to the chosen target and relay the
 //! response, streaming both ways unless the service asked for buffering.
 
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
 use http_body_util::BodyExt;
 use hyper::body::Body as _;
@@ -14,7 +14,7 @@ use super::body::{BodyReadTimeout, ClientBody, RequestBody, ResponseBody, Upstre
 use super::buffer::{BufferError, SpillBuffer};
 use super::cookies;
 use super::exchange::Exchange;
-use super::headers;
+use super::headers::{self, Field, Present};
 use super::keep_alive;
 use super::pages::ErrorPages;
 use super::pool::{self, ConnectFailure, Pools, Reuse};
@@ -219,7 +219,11 @@ impl Forwarder {
     ) -> impl Future<Output = Result<Response<ResponseBody>, Box<Retry>>> + Send + 'a {
         async move {
             let opts = up.options;
-            let upgrade = headers::upgrade_type(req.headers());
+            // One pass over the request's names tells which of the fields looked at below
+            // it carries (usually `Host` alone), and finds its `Host`.
+            let (present, client_host) = Present::with_host(req.headers());
+            let client_host = client_host.cloned();
+            let upgrade = headers::upgrade_type(req.headers(), present);
             let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
 
             // The request is changed where it lies, not taken apart and put together again:
@@ -252,7 +256,6 @@ impl Forwarder {
                 }
             }
 
-            let client_host = req.headers().get(header::HOST).cloned();
             // Without a `Host` field (HTTP/1.0, or HTTP/2's `:authority`), the URI's names it.
             let host_from_uri = match client_host {
                 Some(_) => None,
@@ -263,7 +266,13 @@ impl Forwarder {
             };
             let original_host = client_host.or_else(|| host_from_uri.clone());
             // `TE` goes with the other hop-by-hop fields, except its `trailers`.
-            let hop_by_hop = headers::remove_hop_by_hop(req.headers_mut());
+            let hop_by_hop = headers::remove_hop_by_hop(req.headers_mut(), present);
+            // Fields that `Connection` named have gone.
+            let present = if hop_by_hop.named_others {
+                Present::of(req.headers())
+            } else {
+                present
+            };
             if hop_by_hop.trailers {
                 req.headers_mut()
                     .insert(header::TE, HeaderValue::from_static("trailers"));
@@ -271,6 +280,7 @@ impl Forwarder {
             // Set where the request leaves (see `proxy_fields`), not in the map here.
             let fields = ProxyFields::new(
                 req.headers(),
+                present,
                 &ForwardedFor {
                     client_ip: up.client_ip,
                     host: original_host.as_ref(),
@@ -282,11 +292,12 @@ impl Forwarder {
             // Kept (a reference count, not a copy) only when the response's cookies need it.
             let cookie_host = up.cookies.scope_paths.and(original_host.as_ref()).cloned();
             // The client's `Host` stays where it is, unless `Connection` named it (Go's proxy
-            // keeps the host apart from the fields: naming it removes nothing).
-            let host_to_set = if hop_by_hop.named_others {
-                original_host
-            } else {
-                host_from_uri
+            // keeps the host apart from the fields: naming it removes nothing). A request
+            // that named no host at all gets the target's, as Go's transport sends it.
+            let host_to_set = match original_host {
+                None => HeaderValue::from_str(host_field(up.target.authority())).ok(),
+                Some(_) if hop_by_hop.named_others => original_host,
+                Some(_) => host_from_uri,
             };
             if let Some(h) = host_to_set {
                 req.headers_mut().insert(header::HOST, h);
@@ -396,9 +407,11 @@ impl Forwarder {
                 }
                 Some(Ok(Ok(r))) => r,
             };
-            if let Some((timeout, limit)) = self
-                .keep_alive
-                .learn(up.target.authority(), response.headers())
+            let answered = Present::of(response.headers());
+            if answered.has(Field::KeepAlive)
+                && let Some((timeout, limit)) = self
+                    .keep_alive
+                    .learn(up.target.authority(), response.headers())
             {
                 tracing::info!(
                     "target" = up.target.address(),
@@ -432,7 +445,7 @@ impl Forwarder {
                     }
                 });
             }
-            headers::remove_hop_by_hop(response.headers_mut());
+            headers::remove_hop_by_hop(response.headers_mut(), answered);
             up.cookies
                 .apply(response.headers_mut(), cookie_host.as_ref());
 
@@ -628,6 +641,15 @@ async fn buffer_response(
     buf.into_body().await.map_err(ResponseBufferError::Buffer)
 }
 
+/// A `Host` value for `target`: without the port when it is HTTP's default (as Go's
+/// transport writes it).
+fn host_field(target: &Authority) -> &str {
+    match target.port_u16() {
+        Some(80) => target.host(),
+        _ => target.as_str(),
+    }
+}
+
 /// Relays a 101: the client gets the upstream's headers, then bytes flow both ways until
 /// either side closes or a drain starts. The exchange (and so the in-flight counts that
 /// keep a service awake) lives as long as the connection.
@@ -664,4 +686,19 @@ fn splice_upgrade(
         exchange.finish(sent);
     });
     Response::from_parts(parts, ResponseBody::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_field_leaves_out_the_default_port() {
+        let a: Authority = "web:80".parse().unwrap();
+        assert_eq!(host_field(&a), "web");
+        let a: Authority = "127.0.0.1:3000".parse().unwrap();
+        assert_eq!(host_field(&a), "127.0.0.1:3000");
+        let a: Authority = "[::1]:8080".parse().unwrap();
+        assert_eq!(host_field(&a), "[::1]:8080");
+    }
 }

@@ -23,28 +23,74 @@ pub struct HopByHop {
     pub named_others: bool,
 }
 
-/// Removes hop-by-hop headers, including any named in `Connection`.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> HopByHop {
-    // One pass over the names present, then a removal for each one found: a lookup for
-    // every hop-by-hop name cost more than the rest of the header work (bench/README.md).
-    let mut present = [false; HOP_BY_HOP.len()];
-    let mut any = false;
-    for name in headers.keys() {
-        if let Some(i) = hop_by_hop_index(name) {
-            present[i] = true;
-            any = true;
-        }
+/// A field the forwarding path asks about. The first nine are [`HOP_BY_HOP`], in its
+/// order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    Connection,
+    ProxyConnection,
+    KeepAlive,
+    ProxyAuthenticate,
+    ProxyAuthorization,
+    Trailer,
+    TransferEncoding,
+    Upgrade,
+    Te,
+    Host,
+    XForwardedFor,
+    XForwardedHost,
+    XForwardedProto,
+    XKamalTarget,
+}
+
+/// Which [`Field`]s a map holds, found in one pass over its names. Most requests and
+/// responses carry none but `Host`, and a hashed look-up of each field asked about cost
+/// 90–170 instructions (bench/README.md, "Twenty-third round").
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Present(u16);
+
+impl Present {
+    pub fn of(headers: &HeaderMap) -> Present {
+        Self::with_host(headers).0
     }
-    if !any {
+
+    /// [`Present::of`], and the first `Host` value, found in the same pass.
+    pub fn with_host(headers: &HeaderMap) -> (Present, Option<&HeaderValue>) {
+        let mut bits = 0;
+        let mut host = None;
+        for (name, value) in headers {
+            if let Some(field) = field_of(name) {
+                bits |= 1 << field as u16;
+                if field == Field::Host && host.is_none() {
+                    host = Some(value);
+                }
+            }
+        }
+        (Present(bits), host)
+    }
+
+    pub fn has(self, field: Field) -> bool {
+        self.0 & (1 << field as u16) != 0
+    }
+
+    fn any_hop_by_hop(self) -> bool {
+        self.0 & ((1 << HOP_BY_HOP.len()) - 1) != 0
+    }
+}
+
+/// Removes hop-by-hop headers, including any named in `Connection`. `present`: what
+/// [`Present::of`] found in `headers`.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap, present: Present) -> HopByHop {
+    if !present.any_hop_by_hop() {
         return HopByHop::default();
     }
-    let trailers = present[TE]
+    let trailers = present.has(Field::Te)
         && headers
             .get_all(header::TE)
             .iter()
             .any(|te| has_token(te.as_bytes(), b"trailers"));
     let mut named_others = false;
-    if present[0] {
+    if present.has(Field::Connection) {
         // Names listed in `Connection` beyond the standard set (its tokens are mostly
         // `keep-alive` or `upgrade`, which the set covers: then nothing is allocated).
         // A token of the standard set is compared as bytes: making it a `HeaderName`
@@ -66,8 +112,8 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> HopByHop {
             headers.remove(n);
         }
     }
-    for (h, here) in HOP_BY_HOP.iter().zip(present) {
-        if here {
+    for (i, h) in HOP_BY_HOP.iter().enumerate() {
+        if present.0 & (1 << i) != 0 {
             headers.remove(*h);
         }
     }
@@ -77,24 +123,28 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) -> HopByHop {
     }
 }
 
-/// Where `name` is in [`HOP_BY_HOP`]. Matched on the name's text, whose length alone rules
-/// out most names: comparing each name with every `HeaderName` of the list cost about 70
+/// Which [`Field`] `name` is. Matched on the name's text, whose length alone rules out
+/// most names: comparing each name with every `HeaderName` of the list cost about 70
 /// instructions a name, some 500 a request (bench/README.md, "Ninth round").
-fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
-    let i = match name.as_str() {
-        "connection" => 0,
-        "proxy-connection" => 1,
-        "keep-alive" => 2,
-        "proxy-authenticate" => 3,
-        "proxy-authorization" => 4,
-        "trailer" => 5,
-        "transfer-encoding" => 6,
-        "upgrade" => 7,
-        "te" => TE,
+fn field_of(name: &HeaderName) -> Option<Field> {
+    let field = match name.as_str() {
+        "connection" => Field::Connection,
+        "proxy-connection" => Field::ProxyConnection,
+        "keep-alive" => Field::KeepAlive,
+        "proxy-authenticate" => Field::ProxyAuthenticate,
+        "proxy-authorization" => Field::ProxyAuthorization,
+        "trailer" => Field::Trailer,
+        "transfer-encoding" => Field::TransferEncoding,
+        "upgrade" => Field::Upgrade,
+        "te" => Field::Te,
+        "host" => Field::Host,
+        "x-forwarded-for" => Field::XForwardedFor,
+        "x-forwarded-host" => Field::XForwardedHost,
+        "x-forwarded-proto" => Field::XForwardedProto,
+        "x-kamal-target" => Field::XKamalTarget,
         _ => return None,
     };
-    debug_assert_eq!(HOP_BY_HOP[i], name);
-    Some(i)
+    Some(field)
 }
 
 /// Whether a `Connection` token names a header of [`HOP_BY_HOP`], in any case. The usual
@@ -121,7 +171,7 @@ pub fn connection_names_no_other_field(value: &[u8]) -> bool {
     })
 }
 
-/// `Connection` first: [`remove_hop_by_hop`] reads it before removing it (and `TE`).
+/// The hop-by-hop fields, in [`Field`]'s order.
 static HOP_BY_HOP: [&HeaderName; 9] = [
     &header::CONNECTION,
     &PROXY_CONNECTION,
@@ -133,8 +183,6 @@ static HOP_BY_HOP: [&HeaderName; 9] = [
     &header::UPGRADE,
     &header::TE,
 ];
-/// Where `TE` is in [`HOP_BY_HOP`].
-const TE: usize = 8;
 
 /// A field name as read from the wire. The names nearly every request and response
 /// carry are matched as they are usually written (`Host`, `content-type`): one
@@ -168,8 +216,12 @@ pub fn has_token(value: &[u8], token: &[u8]) -> bool {
         .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
 }
 
-/// `Upgrade` type requested by the client, if this is an upgrade request.
-pub fn upgrade_type(headers: &HeaderMap) -> Option<HeaderValue> {
+/// `Upgrade` type requested by the client, if this is an upgrade request. `present`: what
+/// [`Present::of`] found in `headers`.
+pub fn upgrade_type(headers: &HeaderMap, present: Present) -> Option<HeaderValue> {
+    if !(present.has(Field::Connection) && present.has(Field::Upgrade)) {
+        return None;
+    }
     let connection_upgrade = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -184,7 +236,8 @@ pub fn upgrade_type(headers: &HeaderMap) -> Option<HeaderValue> {
 }
 
 pub fn is_websocket(headers: &HeaderMap) -> bool {
-    upgrade_type(headers).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+    upgrade_type(headers, Present::of(headers))
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
 }
 
 /// The client's address as an `X-Forwarded-For` value. The last one made on this thread
@@ -229,27 +282,61 @@ mod tests {
         HeaderValue::from_str(s).unwrap()
     }
 
+    fn strip(h: &mut HeaderMap) -> HopByHop {
+        let present = Present::of(h);
+        remove_hop_by_hop(h, present)
+    }
+
     #[test]
-    fn hop_by_hop_names_are_found_by_their_text_and_no_other_name_is() {
+    fn fields_are_found_by_their_text_and_no_other_name_is() {
         for (i, name) in HOP_BY_HOP.iter().enumerate() {
-            assert_eq!(hop_by_hop_index(name), Some(i), "{name}");
+            assert_eq!(field_of(name).map(|f| f as usize), Some(i), "{name}");
             let from_wire = name_from_wire(name.as_str().to_ascii_uppercase().as_bytes());
-            assert_eq!(hop_by_hop_index(&from_wire.unwrap()), Some(i), "{name}");
+            assert_eq!(field_of(&from_wire.unwrap()).map(|f| f as usize), Some(i));
+        }
+        for (name, field) in [
+            (&header::HOST, Field::Host),
+            (&X_FORWARDED_FOR, Field::XForwardedFor),
+            (&X_FORWARDED_HOST, Field::XForwardedHost),
+            (&X_FORWARDED_PROTO, Field::XForwardedProto),
+            (&X_KAMAL_TARGET, Field::XKamalTarget),
+        ] {
+            assert_eq!(field_of(name), Some(field), "{name}");
         }
         for name in [
             "user-agent",
             "set-cookie",
             "referer",
-            "host",
+            "hosts",
             "tes",
             "x-upgrade",
+            "forwarded",
         ] {
-            assert_eq!(
-                hop_by_hop_index(&HeaderName::from_static(name)),
-                None,
-                "{name}"
-            );
+            assert_eq!(field_of(&HeaderName::from_static(name)), None, "{name}");
         }
+    }
+
+    #[test]
+    fn present_fields_are_the_names_in_the_map() {
+        let mut h = HeaderMap::new();
+        assert_eq!(Present::of(&h), Present::default());
+        h.insert(header::HOST, hv("example.com"));
+        h.insert(header::USER_AGENT, hv("curl"));
+        h.append(&X_FORWARDED_FOR, hv("1.2.3.4"));
+        h.append(&X_FORWARDED_FOR, hv("5.6.7.8"));
+        h.append(header::HOST, hv("second.example.com"));
+        let (present, host) = Present::with_host(&h);
+        assert_eq!(host.unwrap(), "example.com", "the first Host");
+        assert_eq!(Present::of(&h), present);
+        for field in [Field::Host, Field::XForwardedFor] {
+            assert!(present.has(field), "{field:?}");
+        }
+        for field in [Field::Connection, Field::Te, Field::XKamalTarget] {
+            assert!(!present.has(field), "{field:?}");
+        }
+        assert!(!present.any_hop_by_hop());
+        h.insert(header::TE, hv("trailers"));
+        assert!(Present::of(&h).any_hop_by_hop());
     }
 
     #[test]
@@ -275,7 +362,7 @@ mod tests {
         h.insert("keep-alive", hv("timeout=5"));
         h.insert(header::TRANSFER_ENCODING, hv("chunked"));
         h.insert("x-app", hv("kept"));
-        let found = remove_hop_by_hop(&mut h);
+        let found = strip(&mut h);
         assert!(!found.trailers, "no TE, no trailers");
         assert!(found.named_others, "X-Secret was named");
         assert_eq!(h.len(), 1);
@@ -302,7 +389,7 @@ mod tests {
         h.append(header::TE, hv("deflate, Trailers"));
         h.insert("x-app", hv("kept"));
         assert_eq!(
-            remove_hop_by_hop(&mut h),
+            strip(&mut h),
             HopByHop {
                 trailers: true,
                 named_others: false
@@ -311,7 +398,7 @@ mod tests {
         assert!(!h.contains_key(header::TE));
         assert_eq!(h.len(), 1);
         h.insert(header::TE, hv("gzip"));
-        assert!(!remove_hop_by_hop(&mut h).trailers);
+        assert!(!strip(&mut h).trailers);
         assert!(!h.contains_key(header::TE));
     }
 
@@ -371,6 +458,10 @@ mod tests {
         h.insert(header::UPGRADE, hv("WebSocket"));
         assert!(is_websocket(&h));
         h.insert(header::CONNECTION, hv("keep-alive"));
-        assert!(upgrade_type(&h).is_none());
+        assert!(upgrade_type(&h, Present::of(&h)).is_none());
+        h.insert(header::CONNECTION, hv("Upgrade"));
+        assert_eq!(upgrade_type(&h, Present::of(&h)).unwrap(), "WebSocket");
+        h.remove(header::UPGRADE);
+        assert!(upgrade_type(&h, Present::of(&h)).is_none());
     }
 }

@@ -479,7 +479,12 @@ async fn the_proxy_s_fields_replace_the_client_s_in_the_written_head() {
             tls: true,
             trust_client,
         };
-        let fields = ProxyFields::new(&client, &f, &HeaderValue::from_static("web:3000"));
+        let fields = ProxyFields::new(
+            &client,
+            crate::proxy::headers::Present::of(&client),
+            &f,
+            &HeaderValue::from_static("web:3000"),
+        );
         let (mut conn, mut far) = pair().await;
         let (sent, head) = tokio::join!(
             conn.send(&Method::GET, "/", &client, &fields, None),

@@ -47,7 +47,7 @@
 
 use arc_swap::ArcSwap;
 use http::uri::{Authority, Scheme};
-use http::{HeaderValue, Method, Request, Response, Uri, header};
+use http::{Method, Request, Response, Uri};
 use http_body::Body as _;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -160,12 +160,6 @@ impl Pools {
                     "request without a target address".into(),
                 ));
             };
-            // A Host header: the client's, or the target's.
-            if !req.headers().contains_key(header::HOST) {
-                if let Ok(v) = HeaderValue::from_str(host_header(&host)) {
-                    req.headers_mut().insert(header::HOST, v);
-                }
-            }
             let target = self.target(&host);
             // Our own connection takes every request it can: one without a body to stream,
             // that does not switch protocols.
@@ -489,15 +483,6 @@ async fn within<F: Future>(
         biased;
         out = exchange => Some(out),
         () = clock => None,
-    }
-}
-
-/// The Host header for a target address: its port left out when it is HTTP's default,
-/// as hyper-util did.
-fn host_header(host: &Authority) -> &str {
-    match host.port_u16() {
-        Some(80) => host.host(),
-        _ => host.as_str(),
     }
 }
 

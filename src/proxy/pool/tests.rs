@@ -1,16 +1,6 @@
 use super::*;
 
 #[test]
-fn host_header_leaves_out_the_default_port() {
-    let a: Authority = "web:80".parse().unwrap();
-    assert_eq!(host_header(&a), "web");
-    let a: Authority = "127.0.0.1:3000".parse().unwrap();
-    assert_eq!(host_header(&a), "127.0.0.1:3000");
-    let a: Authority = "[::1]:8080".parse().unwrap();
-    assert_eq!(host_header(&a), "[::1]:8080");
-}
-
-#[test]
 fn errors_read_as_hyper_utils() {
     let e = UpstreamError::new("Connect", "tcp connect error".into());
     assert_eq!(e.to_string(), "client error (Connect)");
