@@ -310,6 +310,51 @@ async fn request_start_is_stamped_when_absent_and_kept_when_present() {
     assert_eq!(header(&echo, "x-request-start"), Some("t=1234"));
 }
 
+/// The id and start the proxy makes reach the app whichever upstream connection carries
+/// the request (one with a body goes through hyper's), replace empty values the client
+/// sent rather than go beside them, and are what `--log-request-header` logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn made_request_id_and_start_reach_the_app_on_either_connection_and_are_logged() {
+    let (_b, proxy) = serve(&[
+        "--log-request-header=X-Request-Id",
+        "--log-request-header=X-Request-Start",
+    ])
+    .await;
+    let sent = [
+        (
+            "body",
+            "POST /echo?body HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\n\r\nhello",
+        ),
+        (
+            "bodiless",
+            "GET /echo?bodiless HTTP/1.1\r\nHost: app.test\r\n\r\n",
+        ),
+        (
+            "empty",
+            "GET /echo?empty HTTP/1.1\r\nHost: app.test\r\nX-Request-Id: \r\n\
+X-Request-Start: \r\n\r\n",
+        ),
+    ];
+    for (query, request) in sent {
+        let r = raw::send(proxy.http_port, request.as_bytes()).await;
+        assert_eq!(r.status, 200, "{query}: {}", r.text());
+        let echo = r.json();
+        let id = header(&echo, "x-request-id").expect("x-request-id");
+        assert!(is_uuid_v4(id), "{query}: not a UUIDv4: {id}");
+        let start = header(&echo, "x-request-start").expect("x-request-start");
+        assert!(
+            start
+                .strip_prefix("t=")
+                .is_some_and(|ms| ms.parse::<u64>().is_ok()),
+            "{query}: bad X-Request-Start {start}"
+        );
+        let line = wait_access(&proxy, &format!("for ?{query}"), |l| l["query"] == query).await;
+        assert_eq!(line["request_id"], id, "{query}");
+        assert_eq!(line["req_x_request_id"], id, "{query}");
+        assert_eq!(line["req_x_request_start"], start, "{query}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kamal_target_names_the_chosen_target() {
     let backend = Backend::start("app").await;

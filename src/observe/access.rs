@@ -27,6 +27,11 @@ pub struct AccessRecord {
     /// Path and raw query as received; the path is logged decoded, as Go's `URL.Path`.
     pub path_and_query: Option<PathAndQuery>,
     pub request_id: HeaderValue,
+    /// The proxy made `request_id`: as `X-Request-Id`, it leaves with the request's other
+    /// proxy fields (`proxy::proxy_fields`), not in its header map.
+    pub request_id_added: bool,
+    /// The `X-Request-Start` the proxy made, which leaves likewise (not logged).
+    pub request_start_added: Option<HeaderValue>,
     pub status: u16,
     pub service: Option<Arc<str>>,
     pub target: Option<Arc<str>>,
@@ -54,6 +59,18 @@ pub struct AccessRecord {
     /// Further attempts to place the request on a target (`--target-try-duration`):
     /// logged as `retries` when there were any (upstream's line has no such key).
     pub retries: u32,
+}
+
+impl AccessRecord {
+    /// The `X-Request-Id` or `X-Request-Start` (`name`, lower case) the proxy made for the
+    /// request, which is not in its header map.
+    pub fn arrival_field(&self, name: &str) -> Option<&HeaderValue> {
+        match name {
+            "x-request-id" if self.request_id_added => Some(&self.request_id),
+            "x-request-start" => self.request_start_added.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// `X-Custom-Header` → `x_custom_header`.
@@ -233,6 +250,8 @@ mod tests {
             port: 443,
             path_and_query: Some(PathAndQuery::from_static("/a%20b/c?x=1&y=%22")),
             request_id: HeaderValue::from_static("1b394462-43b8-4fe1-809f-3d3d89f973a7"),
+            request_id_added: true,
+            request_start_added: None,
             status: 200,
             service: Some("app".into()),
             target: Some("10.0.0.7:3000".into()),

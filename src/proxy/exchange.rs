@@ -4,7 +4,7 @@
 //! streamed response counts as traffic until its last byte, and dropping it (the client
 //! went away) still writes the access line.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 use std::sync::Arc;
 
 use crate::balancer::TargetGuard;
@@ -45,6 +45,16 @@ impl Exchange {
 
     pub fn record(&mut self) -> &mut AccessRecord {
         &mut self.record
+    }
+
+    /// The `X-Request-Id` and `X-Request-Start` the proxy made for this request when it
+    /// arrived, which leave with its proxy fields (`ForwardedFor::arrival`).
+    pub fn arrival_fields(&self) -> (Option<&HeaderValue>, Option<&HeaderValue>) {
+        let r = &self.record;
+        (
+            r.request_id_added.then_some(&r.request_id),
+            r.request_start_added.as_ref(),
+        )
     }
 
     /// When the request arrived (its head was read).

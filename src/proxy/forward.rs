@@ -169,7 +169,7 @@ impl Forwarder {
         pools: &'a Pools,
         reuse: Reuse,
         req: Request<RequestBody>,
-        fields: &'a ProxyFields,
+        fields: &'a ProxyFields<'a>,
         answer_within: Option<Duration>,
         target: &'a str,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + Send + 'a {
@@ -286,6 +286,7 @@ impl Forwarder {
                     host: original_host.as_ref(),
                     tls: up.tls,
                     trust_client: opts.forward_headers,
+                    arrival: exchange.arrival_fields(),
                 },
                 up.target.header_value(),
             );
@@ -294,9 +295,9 @@ impl Forwarder {
             // The client's `Host` stays where it is, unless `Connection` named it (Go's proxy
             // keeps the host apart from the fields: naming it removes nothing). A request
             // that named no host at all gets the target's, as Go's transport sends it.
-            let host_to_set = match original_host {
+            let host_to_set = match &original_host {
                 None => HeaderValue::from_str(host_field(up.target.authority())).ok(),
-                Some(_) if hop_by_hop.named_others => original_host,
+                Some(host) if hop_by_hop.named_others => Some(host.clone()),
                 Some(_) => host_from_uri,
             };
             if let Some(h) = host_to_set {

@@ -1,6 +1,7 @@
 //! The fields the proxy sets on a request on its way to the target: `X-Forwarded-For`,
 //! `-Host` and `-Proto` (upstream's rules, from Go's `httputil.ReverseProxy`), and
-//! `X-Kamal-Target`; the client's `Forwarded` goes.
+//! `X-Kamal-Target`; the client's `Forwarded` goes. With them, the `X-Request-Id` and
+//! `X-Request-Start` the proxy made when the request arrived without them.
 //!
 //! They are worked out once per attempt and put on the request only where it leaves:
 //! written straight into the head by our own HTTP/1 connection, or set in the header map
@@ -12,6 +13,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::headers::{
     Field, Present, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_KAMAL_TARGET,
+    X_REQUEST_ID, X_REQUEST_START,
 };
 use crate::short_copy::append;
 
@@ -26,28 +28,41 @@ pub struct ForwardedFor<'a> {
     pub tls: bool,
     /// `--forward-headers`: trust and extend what the client sent.
     pub trust_client: bool,
+    /// The `X-Request-Id` and `X-Request-Start` the proxy made when the request arrived
+    /// without them (`Exchange::arrival_fields`). They were not put in the request's map
+    /// then: an insert of a custom name there cost about 250 instructions, for a map that
+    /// our HTTP/1 connection only reads.
+    pub arrival: (Option<&'a HeaderValue>, Option<&'a HeaderValue>),
 }
 
 /// The proxy's fields for one request. `None`: the field is not sent at all (nor is the
 /// client's).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ProxyFields {
+pub struct ProxyFields<'a> {
     forwarded_for: Option<HeaderValue>,
     forwarded_host: Option<HeaderValue>,
     forwarded_proto: Option<HeaderValue>,
     target: Option<HeaderValue>,
+    /// `X-Request-Id` and `X-Request-Start` as the proxy made them when the request
+    /// arrived without them ([`ForwardedFor::arrival`]); `None`: the client's, if any,
+    /// are in its map and go as they are.
+    /// Borrowed from the request's record: a clone is a reference count raised and
+    /// dropped, an atomic read-modify-write each.
+    request_id: Option<&'a HeaderValue>,
+    request_start: Option<&'a HeaderValue>,
 }
 
-impl ProxyFields {
+impl<'a> ProxyFields<'a> {
     /// The fields for a request whose client sent `client` (read only when trusted;
     /// `present`: what [`Present::of`] found in it) and that goes to the target at `target`.
     pub fn new(
         client: &HeaderMap,
         present: Present,
-        f: &ForwardedFor<'_>,
+        f: &ForwardedFor<'a>,
         target: &HeaderValue,
     ) -> Self {
         let proto = HeaderValue::from_static(if f.tls { "https" } else { "http" });
+        let (request_id, request_start) = f.arrival;
         if !f.trust_client {
             // Nothing the client sent is kept.
             return ProxyFields {
@@ -55,6 +70,8 @@ impl ProxyFields {
                 forwarded_host: f.host.cloned(),
                 forwarded_proto: Some(proto),
                 target: Some(target.clone()),
+                request_id,
+                request_start,
             };
         }
         // Trusted (the default for plain HTTP), the client's values are read, but most
@@ -79,6 +96,8 @@ impl ProxyFields {
             } else {
                 Some(target.clone())
             },
+            request_id,
+            request_start,
         }
     }
 
@@ -104,12 +123,17 @@ impl ProxyFields {
                 None => drop(headers.remove(name)),
             }
         }
+        for (name, value) in self.arrival() {
+            if let Some(v) = value {
+                headers.insert(name, v.clone());
+            }
+        }
     }
 
     /// Writes the fields as lines of an HTTP/1 head (names in lower case, as hyper writes
     /// them). The client's fields of these names must have been left out.
     pub fn write(&self, out: &mut Vec<u8>) {
-        for (name, value) in self.fields() {
+        for (name, value) in self.fields().into_iter().chain(self.arrival()) {
             if let Some(v) = value {
                 append(out, name.as_str().as_bytes());
                 out.extend_from_slice(b": ");
@@ -125,6 +149,13 @@ impl ProxyFields {
             (&X_FORWARDED_HOST, self.forwarded_host.as_ref()),
             (&X_FORWARDED_PROTO, self.forwarded_proto.as_ref()),
             (&X_KAMAL_TARGET, self.target.as_ref()),
+        ]
+    }
+
+    fn arrival(&self) -> [(&'static HeaderName, Option<&HeaderValue>); 2] {
+        [
+            (&X_REQUEST_ID, self.request_id),
+            (&X_REQUEST_START, self.request_start),
         ]
     }
 }
@@ -200,6 +231,7 @@ mod tests {
             host: Some(&host),
             tls: false,
             trust_client: false,
+            arrival: (None, None),
         };
         let untrusted = sent(&h, &f, "web:3000");
         assert_eq!(untrusted[&X_FORWARDED_FOR], "10.0.0.1");
@@ -225,6 +257,7 @@ mod tests {
             host: Some(&host),
             tls: true,
             trust_client: true,
+            arrival: (None, None),
         };
         let mut h = HeaderMap::new();
         h.append(&X_FORWARDED_FOR, hv("1.1.1.1"));
@@ -260,6 +293,7 @@ mod tests {
             host: None,
             tls: true,
             trust_client: false,
+            arrival: (None, None),
         };
         let out = sent(&h, &f, "web:3000");
         assert_eq!(all(&out, &X_FORWARDED_FOR), ["10.0.0.1"]);
@@ -277,6 +311,7 @@ mod tests {
             host: None,
             tls: false,
             trust_client,
+            arrival: (None, None),
         };
         static X_IP: HeaderValue = HeaderValue::from_static("10.0.0.1");
         let out = sent(&HeaderMap::new(), &f(true), "web:3000");
@@ -321,5 +356,39 @@ mod tests {
         let mut out = Vec::new();
         ProxyFields::default().write(&mut out);
         assert!(out.is_empty(), "no fields, nothing written");
+    }
+
+    #[test]
+    fn arrival_fields_are_added_and_the_client_s_are_left_alone_without_them() {
+        let mut client = HeaderMap::new();
+        client.insert(&X_REQUEST_ID, hv("client-id"));
+        client.insert(&X_REQUEST_START, hv("t=1"));
+        let mut applied = client.clone();
+        ProxyFields::default().apply(&mut applied);
+        assert_eq!(all(&applied, &X_REQUEST_ID), ["client-id"]);
+        assert_eq!(all(&applied, &X_REQUEST_START), ["t=1"]);
+
+        let (id, start) = (hv("made-id"), hv("t=2"));
+        for trust_client in [false, true] {
+            let f = ForwardedFor {
+                client_ip: &hv("10.0.0.1"),
+                host: None,
+                tls: false,
+                trust_client,
+                arrival: (Some(&id), Some(&start)),
+            };
+            let made = ProxyFields::new(&HeaderMap::new(), Present::default(), &f, &hv("w:1"));
+            let mut applied = HeaderMap::new();
+            made.apply(&mut applied);
+            assert_eq!(all(&applied, &X_REQUEST_ID), ["made-id"]);
+            assert_eq!(all(&applied, &X_REQUEST_START), ["t=2"]);
+            let mut out = Vec::new();
+            made.write(&mut out);
+            let out = String::from_utf8(out).unwrap();
+            assert!(
+                out.ends_with("x-request-id: made-id\r\nx-request-start: t=2\r\n"),
+                "{out}"
+            );
+        }
     }
 }

@@ -24,15 +24,17 @@ pub struct Glance {
     pub upgrade: bool,
     /// The client's `X-Request-Id`, when its first value is not empty.
     pub request_id: Option<HeaderValue>,
+    /// The client sent an `X-Request-Id`, empty or not.
+    pub request_id_sent: bool,
     /// The client's `X-Request-Start` has a first value that is not empty.
     pub request_start: bool,
+    /// The client sent an `X-Request-Start`, empty or not.
+    pub request_start_sent: bool,
 }
 
 impl Glance {
     pub fn of(headers: &HeaderMap) -> Self {
         let mut g = Glance::default();
-        let mut request_id_seen = false;
-        let mut request_start_seen = false;
         for (name, value) in headers {
             match name.as_str() {
                 "host" => first(&mut g.host, &mut g.more_hosts, value),
@@ -41,10 +43,10 @@ impl Glance {
                 "user-agent" if g.user_agent.is_none() => g.user_agent = Some(value.clone()),
                 "upgrade" => g.upgrade = true,
                 // Only the first value counts, as `HeaderMap::get` has it.
-                "x-request-id" if !std::mem::replace(&mut request_id_seen, true) => {
+                "x-request-id" if !std::mem::replace(&mut g.request_id_sent, true) => {
                     g.request_id = Some(value.clone()).filter(|v| !v.is_empty());
                 }
-                "x-request-start" if !std::mem::replace(&mut request_start_seen, true) => {
+                "x-request-start" if !std::mem::replace(&mut g.request_start_sent, true) => {
                     g.request_start = !value.is_empty();
                 }
                 _ => {}
@@ -92,7 +94,9 @@ mod tests {
         assert_eq!(g.user_agent.as_ref(), h.get(header::USER_AGENT));
         assert!(g.upgrade);
         assert_eq!(g.request_id, None, "an empty first value is none");
+        assert!(g.request_id_sent);
         assert!(g.request_start);
+        assert!(g.request_start_sent);
 
         let mut h = HeaderMap::new();
         h.append(header::HOST, HeaderValue::from_static("a.test"));
@@ -106,7 +110,10 @@ mod tests {
         assert!(!g.upgrade);
         assert_eq!(g.request_id.as_ref(), h.get("x-request-id"));
         assert!(!g.request_start);
+        assert!(g.request_id_sent && g.request_start_sent);
         assert_eq!(g.content_type, None);
+        let g = Glance::of(&HeaderMap::new());
+        assert!(!g.request_id_sent && !g.request_start_sent);
         assert_eq!(g.user_agent, None);
     }
 }

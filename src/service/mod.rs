@@ -320,11 +320,21 @@ impl Service {
             exchange.set_service(self.name.clone(), metrics.as_ref(), excluded);
             if !config.log_request_headers.is_empty() || !config.log_response_headers.is_empty() {
                 let record = exchange.record();
-                record.req_headers = config
+                let logged = config
                     .log_request_headers
                     .iter()
-                    .map(|(key, name)| (key.clone(), header_values(req.headers(), name.as_str())))
+                    .map(|(key, name)| {
+                        let mut value = header_values(req.headers(), name.as_str());
+                        // The id and start the proxy made are sent, so logged, as well.
+                        if value.is_empty()
+                            && let Some(added) = record.arrival_field(name.as_str())
+                        {
+                            value = String::from_utf8_lossy(added.as_bytes()).into_owned();
+                        }
+                        (key.clone(), value)
+                    })
                     .collect();
+                record.req_headers = logged;
                 record.resp_header_names = Some(config.log_response_headers.clone());
             }
             if !config.options.client_ip_header.is_empty() {

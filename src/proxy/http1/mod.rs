@@ -183,7 +183,7 @@ impl Connection {
         method: &Method,
         path: &str,
         headers: &HeaderMap,
-        fields: &ProxyFields,
+        fields: &ProxyFields<'_>,
         answer_within: Option<Duration>,
     ) -> Result<Head, SendError> {
         self.write_head(method, path, headers, fields);
@@ -267,7 +267,7 @@ impl Connection {
         method: &Method,
         path: &str,
         headers: &HeaderMap,
-        fields: &ProxyFields,
+        fields: &ProxyFields<'_>,
     ) {
         // The buffer keeps its capacity from one request to the next: no sizing pass.
         let out = &mut self.out;

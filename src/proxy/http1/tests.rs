@@ -9,7 +9,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
 /// A request without the proxy's own fields (those have their tests in `proxy_fields`).
-static NO_FIELDS: std::sync::LazyLock<ProxyFields> = std::sync::LazyLock::new(ProxyFields::default);
+static NO_FIELDS: std::sync::LazyLock<ProxyFields<'static>> =
+    std::sync::LazyLock::new(ProxyFields::default);
 
 /// A connection to a listener whose accepted end is returned with it.
 async fn pair() -> (Connection, TcpStream) {
@@ -472,12 +473,17 @@ async fn the_proxy_s_fields_replace_the_client_s_in_the_written_head() {
     ] {
         client.append(name, HeaderValue::from_static(value));
     }
+    let (id, start) = (
+        HeaderValue::from_static("id-1"),
+        HeaderValue::from_static("t=5"),
+    );
     for trust_client in [false, true] {
         let f = ForwardedFor {
             client_ip: &HeaderValue::from_static("10.0.0.1"),
             host: Some(&HeaderValue::from_static("app.example")),
             tls: true,
             trust_client,
+            arrival: (Some(&id), Some(&start)),
         };
         let fields = ProxyFields::new(
             &client,
@@ -515,6 +521,8 @@ async fn the_proxy_s_fields_replace_the_client_s_in_the_written_head() {
         };
         assert!(written.contains(&expected_for), "{written:?}");
         assert!(!written.iter().any(|l| l.starts_with("forwarded:")));
+        assert!(written.contains(&"x-request-id: id-1"), "{written:?}");
+        assert!(written.contains(&"x-request-start: t=5"), "{written:?}");
     }
 }
 

@@ -149,7 +149,7 @@ impl Pools {
     pub(crate) fn send<'a>(
         &'a self,
         mut req: Request<RequestBody>,
-        fields: &'a ProxyFields,
+        fields: &'a ProxyFields<'a>,
         reuse: Reuse,
         answer_within: Option<Duration>,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + 'a {
@@ -183,7 +183,7 @@ impl Pools {
     fn send_own<'a>(
         &'a self,
         req: Request<RequestBody>,
-        fields: &'a ProxyFields,
+        fields: &'a ProxyFields<'a>,
         target: &'a Arc<TargetPool>,
         host: &'a Authority,
         reuse: Reuse,
