@@ -30,7 +30,8 @@ pub struct AccessRecord {
     /// The proxy made `request_id`: as `X-Request-Id`, it leaves with the request's other
     /// proxy fields (`proxy::proxy_fields`), not in its header map.
     pub request_id_added: bool,
-    /// The `X-Request-Start` the proxy made, which leaves likewise (not logged).
+    /// The `X-Request-Start` the proxy made, which leaves likewise (in the line only when
+    /// `--log-request-header` names it).
     pub request_start_added: Option<HeaderValue>,
     pub status: u16,
     pub service: Option<Arc<str>>,

@@ -14,7 +14,7 @@ use crate::proxy::headers::has_token;
 const MAX_HEADERS: usize = 100;
 /// hyper's limit for a request target (414 past it).
 const MAX_URI_LEN: usize = (u16::MAX - 1) as usize;
-/// Fields the request path may add to a request on its way upstream.
+/// Spare room in a request's map for the fields the request path may still put in it.
 const ADDED_FIELDS: usize = 8;
 
 #[allow(clippy::large_enum_variant)] // moved once a request, never stored
@@ -103,8 +103,10 @@ pub fn parse(buf: &mut BytesMut, max_head: usize) -> Parsed {
     let Ok(uri) = Uri::from_maybe_shared(head.slice(target_span)) else {
         return give_back(buf);
     };
-    // Room for the fields the pipeline adds (`X-Request-Id`, `X-Request-Start`, three
-    // `X-Forwarded-*`, `X-Kamal-Target`): a map that grows rehashes every name.
+    // Room for fields the pipeline may still put in the map (a `Host` when the request
+    // named none, `X-Forwarded-For` from `--client-ip-header`, an id replacing an empty
+    // one): a map that grows rehashes every name. The proxy's own fields leave without
+    // entering it (`proxy::proxy_fields`).
     let mut headers = crate::proxy::header_maps::with_capacity(count + ADDED_FIELDS);
     for span in &spans[..count] {
         // SAFETY: the loop above wrote the first `count` spans.
