@@ -63,12 +63,21 @@ pub struct AccessRecord {
 }
 
 impl AccessRecord {
-    /// The `X-Request-Id` or `X-Request-Start` (`name`, lower case) the proxy made for the
-    /// request, which is not in its header map.
+    /// The `X-Request-Id` and `X-Request-Start` the proxy made for the request, which are
+    /// not in its header map.
+    pub fn arrival(&self) -> (Option<&HeaderValue>, Option<&HeaderValue>) {
+        (
+            self.request_id_added.then_some(&self.request_id),
+            self.request_start_added.as_ref(),
+        )
+    }
+
+    /// One of [`AccessRecord::arrival`] by its name (lower case).
     pub fn arrival_field(&self, name: &str) -> Option<&HeaderValue> {
+        let (id, start) = self.arrival();
         match name {
-            "x-request-id" if self.request_id_added => Some(&self.request_id),
-            "x-request-start" => self.request_start_added.as_ref(),
+            "x-request-id" => id,
+            "x-request-start" => start,
             _ => None,
         }
     }

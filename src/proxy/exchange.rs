@@ -50,11 +50,7 @@ impl Exchange {
     /// The `X-Request-Id` and `X-Request-Start` the proxy made for this request when it
     /// arrived, which leave with its proxy fields (`ForwardedFor::arrival`).
     pub fn arrival_fields(&self) -> (Option<&HeaderValue>, Option<&HeaderValue>) {
-        let r = &self.record;
-        (
-            r.request_id_added.then_some(&r.request_id),
-            r.request_start_added.as_ref(),
-        )
+        self.record.arrival()
     }
 
     /// When the request arrived (its head was read).
