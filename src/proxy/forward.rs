@@ -1,7 +1,7 @@
 //! The last step of the pipeline: send the request to the chosen target and relay the
 //! response, streaming both ways unless the service asked for buffering.
 
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
 use http_body_util::BodyExt;
 use hyper::body::Body as _;
@@ -171,10 +171,11 @@ impl Forwarder {
         req: Request<RequestBody>,
         fields: &'a ProxyFields<'a>,
         answer_within: Option<Duration>,
-        target: &'a str,
+        target: &'a Target,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + Send + 'a {
         async move {
-            let mut failed = match pools.send(req, fields, reuse, answer_within).await {
+            let to = target.authority();
+            let mut failed = match pools.send(req, to, fields, reuse, answer_within).await {
                 Ok(r) => return Ok(r),
                 Err(e) => e,
             };
@@ -189,13 +190,13 @@ impl Forwarder {
                 });
             };
             tracing::info!(
-                "target" = target,
+                "target" = target.address(),
                 path = %again.uri().path(),
                 error = %describe(&e),
                 "Resending request on a new connection"
             );
             pools
-                .send(again, fields, Reuse::Fresh, answer_within)
+                .send(again, to, fields, Reuse::Fresh, answer_within)
                 .await
                 .map_err(|error| SendError {
                     error: error.into(),
@@ -308,12 +309,10 @@ impl Forwarder {
                     .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
                 req.headers_mut().insert(header::UPGRADE, kind.clone());
             }
-            let mut uri = Uri::builder()
-                .scheme(Scheme::HTTP)
-                .authority(up.target.authority().clone())
-                .path_and_query(up.path_and_query.clone())
-                .build()
-                .unwrap_or_default();
+            // The path alone, as HTTP/1 sends it: the pool is told the target's address
+            // apart (taking a copy of the target's shared `Authority` into the URI wrote its
+            // reference count, which every worker writes, twice a request).
+            let mut uri = Uri::from(up.path_and_query.clone());
             std::mem::swap(req.uri_mut(), &mut uri);
             *req.version_mut() = Version::HTTP_11;
             let reuse = self.reuse_for(up.pools, up.target, upgrade.is_some());
@@ -333,7 +332,7 @@ impl Forwarder {
                 outbound,
                 &fields,
                 up.response_timeout,
-                up.target.address(),
+                up.target,
             );
             let result = {
                 let cancelled = async {

@@ -10,6 +10,7 @@
 //! (bench/README.md, "Eleventh round"), for a map that our connection then only reads.
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use std::borrow::Cow;
 
 use super::headers::{
     Field, Present, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_KAMAL_TARGET,
@@ -36,13 +37,16 @@ pub struct ForwardedFor<'a> {
 }
 
 /// The proxy's fields for one request. `None`: the field is not sent at all (nor is the
-/// client's).
+/// client's). A value the proxy already holds (the client's address, the host asked for,
+/// the target's name) is borrowed, not cloned: a clone raises and drops a reference count,
+/// and the target's is written by every worker that sends it a request (bench/README.md,
+/// "Twenty-fourth round").
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ProxyFields<'a> {
-    forwarded_for: Option<HeaderValue>,
-    forwarded_host: Option<HeaderValue>,
-    forwarded_proto: Option<HeaderValue>,
-    target: Option<HeaderValue>,
+    forwarded_for: Option<Cow<'a, HeaderValue>>,
+    forwarded_host: Option<Cow<'a, HeaderValue>>,
+    forwarded_proto: Option<Cow<'a, HeaderValue>>,
+    target: Option<Cow<'a, HeaderValue>>,
     /// `X-Request-Id` and `X-Request-Start` as the proxy made them when the request
     /// arrived without them ([`ForwardedFor::arrival`]); `None`: the client's, if any,
     /// are in its map and go as they are.
@@ -59,17 +63,22 @@ impl<'a> ProxyFields<'a> {
         client: &HeaderMap,
         present: Present,
         f: &ForwardedFor<'a>,
-        target: &HeaderValue,
+        target: &'a HeaderValue,
     ) -> Self {
-        let proto = HeaderValue::from_static(if f.tls { "https" } else { "http" });
+        let proto = Cow::Owned(HeaderValue::from_static(if f.tls {
+            "https"
+        } else {
+            "http"
+        }));
         let (request_id, request_start) = f.arrival;
+        let host = f.host.map(Cow::Borrowed);
         if !f.trust_client {
             // Nothing the client sent is kept.
             return ProxyFields {
-                forwarded_for: Some(f.client_ip.clone()),
-                forwarded_host: f.host.cloned(),
+                forwarded_for: Some(Cow::Borrowed(f.client_ip)),
+                forwarded_host: host,
                 forwarded_proto: Some(proto),
-                target: Some(target.clone()),
+                target: Some(Cow::Borrowed(target)),
                 request_id,
                 request_start,
             };
@@ -86,15 +95,15 @@ impl<'a> ProxyFields<'a> {
             forwarded_for: if for_sent {
                 joined(client.get_all(&X_FORWARDED_FOR), false, f.client_ip)
             } else {
-                Some(f.client_ip.clone())
+                Some(Cow::Borrowed(f.client_ip))
             },
             // The client's first non-empty value, else the proxy's own.
-            forwarded_host: first_or(host_sent, client, &X_FORWARDED_HOST, f.host.cloned()),
+            forwarded_host: first_or(host_sent, client, &X_FORWARDED_HOST, host),
             forwarded_proto: first_or(proto_sent, client, &X_FORWARDED_PROTO, Some(proto)),
             target: if target_sent {
                 joined(client.get_all(&X_KAMAL_TARGET), true, target)
             } else {
-                Some(target.clone())
+                Some(Cow::Borrowed(target))
             },
             request_id,
             request_start,
@@ -145,10 +154,10 @@ impl<'a> ProxyFields<'a> {
 
     fn fields(&self) -> [(&'static HeaderName, Option<&HeaderValue>); 4] {
         [
-            (&X_FORWARDED_FOR, self.forwarded_for.as_ref()),
-            (&X_FORWARDED_HOST, self.forwarded_host.as_ref()),
-            (&X_FORWARDED_PROTO, self.forwarded_proto.as_ref()),
-            (&X_KAMAL_TARGET, self.target.as_ref()),
+            (&X_FORWARDED_FOR, self.forwarded_for.as_deref()),
+            (&X_FORWARDED_HOST, self.forwarded_host.as_deref()),
+            (&X_FORWARDED_PROTO, self.forwarded_proto.as_deref()),
+            (&X_KAMAL_TARGET, self.target.as_deref()),
         ]
     }
 
@@ -162,35 +171,36 @@ impl<'a> ProxyFields<'a> {
 
 /// The client's values joined by `", "`, then `last`; empty values are skipped when
 /// `skip_empty`. `None` only if the joined text is not a valid value.
-fn joined(
+fn joined<'a>(
     prior: http::header::GetAll<'_, HeaderValue>,
     skip_empty: bool,
-    last: &HeaderValue,
-) -> Option<HeaderValue> {
+    last: &'a HeaderValue,
+) -> Option<Cow<'a, HeaderValue>> {
     let mut text = Vec::new();
     for v in prior.iter().filter(|v| !(skip_empty && v.is_empty())) {
         text.extend_from_slice(v.as_bytes());
         text.extend_from_slice(b", ");
     }
     if text.is_empty() {
-        return Some(last.clone());
+        return Some(Cow::Borrowed(last));
     }
     text.extend_from_slice(last.as_bytes());
-    HeaderValue::from_bytes(&text).ok()
+    HeaderValue::from_bytes(&text).ok().map(Cow::Owned)
 }
 
 /// The first value the client sent (if `sent`) when it is not empty, else `fallback`.
-fn first_or(
+/// (A copy of the client's: its map is changed before the fields leave.)
+fn first_or<'a>(
     sent: bool,
     client: &HeaderMap,
     name: &HeaderName,
-    fallback: Option<HeaderValue>,
-) -> Option<HeaderValue> {
+    fallback: Option<Cow<'a, HeaderValue>>,
+) -> Option<Cow<'a, HeaderValue>> {
     if !sent {
         return fallback;
     }
     match client.get(name) {
-        Some(first) if !first.is_empty() => Some(first.clone()),
+        Some(first) if !first.is_empty() => Some(Cow::Owned(first.clone())),
         _ => fallback,
     }
 }
@@ -377,7 +387,8 @@ mod tests {
                 trust_client,
                 arrival: (Some(&id), Some(&start)),
             };
-            let made = ProxyFields::new(&HeaderMap::new(), Present::default(), &f, &hv("w:1"));
+            let target = hv("w:1");
+            let made = ProxyFields::new(&HeaderMap::new(), Present::default(), &f, &target);
             let mut applied = HeaderMap::new();
             made.apply(&mut applied);
             assert_eq!(all(&applied, &X_REQUEST_ID), ["made-id"]);

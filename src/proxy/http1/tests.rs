@@ -485,11 +485,12 @@ async fn the_proxy_s_fields_replace_the_client_s_in_the_written_head() {
             trust_client,
             arrival: (Some(&id), Some(&start)),
         };
+        let target = HeaderValue::from_static("web:3000");
         let fields = ProxyFields::new(
             &client,
             crate::proxy::headers::Present::of(&client),
             &f,
-            &HeaderValue::from_static("web:3000"),
+            &target,
         );
         let (mut conn, mut far) = pair().await;
         let (sent, head) = tokio::join!(

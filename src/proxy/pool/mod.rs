@@ -136,7 +136,7 @@ impl Pools {
         &self.settings
     }
 
-    /// Sends `req` (its URI absolute: the target's address is its authority) with the
+    /// Sends `req` (its URI the path and query alone) to the target at `host`, with the
     /// proxy's `fields`, which replace the client's of the same names as it leaves.
     /// `answer_within` (`--target-timeout` or a `--path-timeout`) bounds the wait for the
     /// answer's head once the request is written, body included, as Go's
@@ -149,18 +149,13 @@ impl Pools {
     pub(crate) fn send<'a>(
         &'a self,
         mut req: Request<RequestBody>,
+        host: &'a Authority,
         fields: &'a ProxyFields<'a>,
         reuse: Reuse,
         answer_within: Option<Duration>,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + 'a {
         async move {
-            let Some(host) = req.uri().authority().cloned() else {
-                return Err(UpstreamError::new(
-                    "Connect",
-                    "request without a target address".into(),
-                ));
-            };
-            let target = self.target(&host);
+            let target = self.target(host);
             // Our own connection takes every request it can: one without a body to stream,
             // that does not switch protocols.
             if reuse != Reuse::Upgrade
@@ -168,11 +163,11 @@ impl Pools {
                 && req.method() != Method::CONNECT
             {
                 return self
-                    .send_own(req, fields, &target, &host, reuse, answer_within)
+                    .send_own(req, fields, &target, host, reuse, answer_within)
                     .await;
             }
             fields.apply(req.headers_mut());
-            self.send_hyper(req, &target, &host, reuse, answer_within)
+            self.send_hyper(req, &target, host, reuse, answer_within)
                 .await
         }
     }
@@ -239,13 +234,7 @@ impl Pools {
         // or response head was large closes after its exchange instead of idling.
         let keep =
             matches!(reuse, Reuse::Pooled(_)) && head_bytes(req.headers()) <= KEEP_HEAD_LIMIT;
-        // hyper writes the URI as it is: the path only.
-        let origin = req
-            .uri()
-            .path_and_query()
-            .cloned()
-            .map_or_else(|| Uri::from_static("/"), Uri::from);
-        *req.uri_mut() = origin;
+        // hyper writes the URI as it is: [`Pools::send`]'s is the path alone.
         loop {
             let (conn, reused) = self.checkout(target, host, reuse, Kind::Hyper).await?;
             let Conn::Hyper(mut sender) = conn.conn else {
