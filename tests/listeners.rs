@@ -173,6 +173,30 @@ async fn the_read_timeout_also_bounds_the_head_when_the_header_timeout_is_off() 
     assert!(until_closed(&mut half).await.is_empty());
 }
 
+/// The HTTPS listener defers `accept` until a connection's first bytes arrive (one
+/// wake-up a connection instead of two): a client that connects and says nothing is
+/// still accepted and cut at the handshake timeout (the shortest listener timeout), and
+/// one that waits past the deferral before its ClientHello is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_silent_tls_client_is_cut_at_the_handshake_timeout_and_a_late_one_served() {
+    let (_b, proxy, _pem) = serve(&["--read-header-timeout=2s", "--idle-timeout=5m"], &[]).await;
+    let mut silent = raw::connect(proxy.https_port).await;
+    let got = until_closed(&mut silent).await;
+    assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+
+    let (_b2, proxy, pem) = serve(&[], &[]).await;
+    let late = raw::connect(proxy.https_port).await;
+    // Past the one-second deferral, so the kernel hands the connection over empty.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut tls =
+        BufReader::new(testkit::tls::handshake(late, &pem, "secure.test", &[b"http/1.1"]).await);
+    tls.get_mut()
+        .write_all(b"GET /late HTTP/1.1\r\nHost: secure.test\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(raw::read_response(&mut tls, false).await.status, 200);
+}
+
 // === --idle-timeout ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -112,6 +112,13 @@ pub async fn serve_https(
     workers: Workers,
 ) {
     let slots = https.proxy.slots.clone();
+    // A TLS client speaks first. One second: a client that waits for the server anyway is
+    // still served, a second late. Set here rather than at bind: a socket handed over by
+    // an earlier generation gets it too. Without it (another kernel) nothing is lost but
+    // a wake-up a connection.
+    if let Err(e) = super::defer_accept(&listener, 1) {
+        tracing::debug!(error = %e, "TCP_DEFER_ACCEPT not set on the HTTPS listener");
+    }
     workers
         .accept(
             listener,

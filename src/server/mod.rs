@@ -100,15 +100,33 @@ pub async fn bind(port: u16, reuse_port: bool) -> Result<TcpListener, String> {
 }
 
 fn set_dual_stack(socket: &tokio::net::TcpSocket) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let off: libc::c_int = 0;
+    set_int_option(socket, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)
+}
+
+/// Lets the kernel hand a connection to `accept` only once its first bytes have arrived
+/// (`TCP_DEFER_ACCEPT`), on a listener whose clients always speak first (a TLS client's
+/// ClientHello, a PROXY header): accepting it and reading its first bytes then take one
+/// wake-up instead of two. A client that connects and sends nothing is still accepted
+/// after `secs` or so (the kernel's next SYN-ACK retransmission answered), and the
+/// handshake timeout runs from there. nginx offers the same as `listen ... deferred`.
+pub fn defer_accept(listener: &TcpListener, secs: u32) -> std::io::Result<()> {
+    let secs = libc::c_int::try_from(secs).unwrap_or(libc::c_int::MAX);
+    set_int_option(listener, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, secs)
+}
+
+fn set_int_option(
+    socket: &impl std::os::fd::AsRawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> std::io::Result<()> {
     // SAFETY: a valid socket fd and a correctly sized c_int option value.
     let rc = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_V6ONLY,
-            &off as *const libc::c_int as *const libc::c_void,
+            level,
+            name,
+            &value as *const libc::c_int as *const libc::c_void,
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
