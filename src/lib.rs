@@ -3,6 +3,7 @@
 
 pub mod aligned_alloc;
 pub mod balancer;
+pub mod broadcast;
 pub mod cli;
 pub mod clock;
 pub mod config;

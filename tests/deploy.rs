@@ -291,6 +291,9 @@ async fn slow_request_survives_its_target_being_replaced() {
     assert_eq!((r.status, r.body.as_str()), (200, "slow 1500"));
 }
 
+/// Both kinds of client connection: a bodiless GET is served by the proxy's own HTTP/1
+/// connection, whose task hears the drain's cut once for all its requests; a POST with a
+/// body is handed to hyper's connection, where the request waits on its target's cut itself.
 #[tokio::test(flavor = "multi_thread")]
 async fn drain_timeout_cancels_a_request_that_is_too_slow() {
     let old = Backend::start("old").await;
@@ -299,9 +302,16 @@ async fn drain_timeout_cancels_a_request_that_is_too_slow() {
     proxy.deploy("app", &old.target(), &[]).await;
 
     let url = proxy.url("/slow?ms=8000");
-    let slow = tokio::spawn(async move { send(&client(), reqwest::Method::GET, &url, None).await });
-    poll_until("old.hits() == 1", Duration::from_secs(5), || async {
-        old.hits() == 1
+    let slow_get = tokio::spawn({
+        let url = url.clone();
+        async move { send(&client(), reqwest::Method::GET, &url, None).await }
+    });
+    let slow_post = tokio::spawn(async move {
+        let r = client().post(&url).body("a body").send().await?;
+        Ok::<_, reqwest::Error>(r.status().as_u16())
+    });
+    poll_until("old.hits() == 2", Duration::from_secs(5), || async {
+        old.hits() == 2
     })
     .await;
 
@@ -312,14 +322,16 @@ async fn drain_timeout_cancels_a_request_that_is_too_slow() {
     );
     proxy.ok(&strs(&args)).await;
 
-    // The drain timeout ended the drain, not the request: it was cut off (504, and
-    // the old target saw its caller go) instead of answered after its 8 s.
-    let r = slow.await.unwrap().expect("the client gets an answer");
+    // The drain timeout ended the drain, not the requests: they were cut off (504, and
+    // the old target saw its callers go) instead of answered after their 8 s.
+    let r = slow_get.await.unwrap().expect("the client gets an answer");
     assert_eq!(r.status, 504, "{r:?}");
+    let posted = slow_post.await.unwrap().expect("the client gets an answer");
+    assert_eq!(posted, 504, "the POST (hyper's connection) was not cut");
     poll_until(
-        "the old target to see the slow request abandoned",
+        "the old target to see both slow requests abandoned",
         Duration::from_secs(10),
-        || async { old.slow_cancelled() == 1 },
+        || async { old.slow_cancelled() == 2 },
     )
     .await;
     assert_eq!(r.header("content-type"), "text/html; charset=utf-8");

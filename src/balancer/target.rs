@@ -202,6 +202,8 @@ impl Target {
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 if self.inflight() > 0 {
                     drains.cut(&drains.requests_cut, cycle);
+                    // The requests whose connection's task watches for it.
+                    crate::broadcast::send();
                 }
                 break;
             }
@@ -222,7 +224,9 @@ impl TargetGuard {
         &self.target
     }
 
-    /// Resolves when a drain gives up waiting for this request.
+    /// Resolves when a drain gives up waiting for this request. A request whose
+    /// connection's task hears the drain's word ([`crate::broadcast`]) looks at
+    /// [`TargetGuard::is_cancelled`] instead.
     pub async fn cancelled(&self) {
         let drains = &self.target.drains;
         drains.wait(&drains.requests_cut, self.cycle).await

@@ -54,6 +54,9 @@ pub struct UpstreamRequest<'a> {
     /// The client's address, as `X-Forwarded-For` gets it.
     pub client_ip: &'a HeaderValue,
     pub tls: bool,
+    /// The task serving the request polls it again after every drain cut (see
+    /// [`crate::service::Conn::watches_cuts`]).
+    pub watches_cuts: bool,
     /// `--request-timeout`: the response headers must arrive by then (504 otherwise).
     pub deadline: Option<tokio::time::Instant>,
     /// The service's name, for the log line of a rejection.
@@ -337,6 +340,18 @@ impl Forwarder {
             let result = {
                 let cancelled = async {
                     match exchange.target.as_ref() {
+                        // Our HTTP/1 connection's task polls this again after a drain's
+                        // word (`crate::broadcast`): a look at the target's is enough.
+                        Some(g) if up.watches_cuts => {
+                            std::future::poll_fn(|_| {
+                                if g.is_cancelled() {
+                                    std::task::Poll::Ready(())
+                                } else {
+                                    std::task::Poll::Pending
+                                }
+                            })
+                            .await
+                        }
                         Some(g) => g.cancelled().await,
                         None => std::future::pending().await,
                     }
@@ -349,8 +364,9 @@ impl Forwarder {
                     }
                 };
                 // `biased`: the answer is looked at first. Polling the drain's cut takes its
-                // waiters' lock each time, so the poll that brings the answer should not
-                // start there (an unbiased `select!` starts at a random branch).
+                // waiters' lock each time (for a request served by hyper's connections), so
+                // the poll that brings the answer should not start there (an unbiased
+                // `select!` starts at a random branch).
                 tokio::select! {
                     biased;
                     r = sent => Some(Ok(r)),

@@ -178,7 +178,11 @@ async fn serve_request(
     let bridged = bridged.body(body).map_err(|e| e.to_string())?;
 
     let (client_io, server_io) = tokio::io::duplex(64 * 1024);
-    let conn = Conn { client, tls: true };
+    let conn = Conn {
+        client,
+        tls: true,
+        watches_cuts: false,
+    };
     let limits = proxy.limits;
     tokio::spawn(async move {
         let service = service_fn(move |mut req| {

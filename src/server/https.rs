@@ -236,6 +236,7 @@ async fn handshake(mut stream: TcpStream, client: SocketAddr, https: &Https) -> 
     let conn = Conn {
         client: normalize(client),
         tls: true,
+        watches_cuts: false,
     };
     match tls.get_ref().1.alpn_protocol() {
         // A TLS-ALPN-01 validation: the handshake was the answer.

@@ -29,7 +29,7 @@ pub mod trim;
 pub mod workers;
 mod write_deadline;
 
-pub use shutdown::{DEFAULT_SHUTDOWN_TIMEOUT, Drain, FirstRequest, Shutdown};
+pub use shutdown::{DEFAULT_SHUTDOWN_TIMEOUT, Drain, FirstRequest, Heard, Shutdown};
 
 use crate::observe::access::{AccessRecord, header_values};
 use crate::proxy::Forwarder;
@@ -382,6 +382,7 @@ fn serve_h1(
     let conn = Conn {
         client: normalize(client),
         tls: false,
+        watches_cuts: false,
     };
     h1::serve(stream, conn, proxy, settings, draining)
 }

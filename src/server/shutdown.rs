@@ -113,28 +113,20 @@ impl FirstRequest {
 }
 
 /// A listener's word to its connections that it is draining: each finishes the request in
-/// flight and closes. A connection's task checks it every time it runs (at least twice a
-/// request), so after the first poll a check is one atomic load; a `CancellationToken`
-/// takes two locks for it (its own, then its `Notify`'s).
+/// flight and closes. The word goes out through [`crate::broadcast`], which a connection's
+/// task listens to once for its life: after the first poll a check is two atomic loads (a
+/// `CancellationToken` took two locks for it, its own, then its `Notify`'s).
 #[derive(Clone, Default)]
-pub struct Drain(std::sync::Arc<DrainState>);
-
-#[derive(Default)]
-struct DrainState {
-    started: std::sync::atomic::AtomicBool,
-    notify: tokio::sync::Notify,
-}
+pub struct Drain(std::sync::Arc<std::sync::atomic::AtomicBool>);
 
 impl Drain {
     pub fn start(&self) {
-        self.0
-            .started
-            .store(true, std::sync::atomic::Ordering::Release);
-        self.0.notify.notify_waiters();
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+        crate::broadcast::send();
     }
 
     fn started(&self) -> bool {
-        self.0.started.load(std::sync::atomic::Ordering::Acquire)
+        self.0.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Resolves once the drain has started and `first` has come (or the wait for it ran
@@ -145,17 +137,26 @@ impl Drain {
         first.wait().await;
     }
 
-    /// Resolves once the drain has started. For one task: it keeps the waker of its first
-    /// poll (a task's waker does not change), instead of taking the `Notify`'s lock again on
-    /// every poll to compare it.
+    /// Resolves once the drain has started; also tells of the other words of
+    /// [`crate::broadcast`] ([`DrainWait::poll_heard`]). For one task.
     pub fn started_wait(&self) -> DrainWait<'_> {
         DrainWait {
             drain: self,
-            // Created now, so a `start` from here on is seen even before the first poll.
-            notified: self.0.notify.notified(),
-            registered: false,
+            // Made now, so a `start` from here on is heard even before the first poll.
+            heard: crate::broadcast::listen(),
         }
     }
+}
+
+/// What a connection's [`DrainWait`] heard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heard {
+    /// Its listener's drain has started.
+    Started,
+    /// Another word: a target's drain cut the requests still in flight to it (or another
+    /// listener's drain started). The request in flight, if any, should be polled again:
+    /// it may be one of those cut.
+    Other,
 }
 
 pin_project_lite::pin_project! {
@@ -163,8 +164,28 @@ pin_project_lite::pin_project! {
     pub struct DrainWait<'a> {
         drain: &'a Drain,
         #[pin]
-        notified: tokio::sync::futures::Notified<'a>,
-        registered: bool,
+        heard: crate::broadcast::Listen,
+    }
+}
+
+impl DrainWait<'_> {
+    /// Ready with what was heard since the last ready poll.
+    pub fn poll_heard(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Heard> {
+        let this = self.project();
+        if this.drain.started() {
+            return std::task::Poll::Ready(Heard::Started);
+        }
+        match this.heard.poll_heard(cx) {
+            // Started between the two loads.
+            std::task::Poll::Ready(()) if this.drain.started() => {
+                std::task::Poll::Ready(Heard::Started)
+            }
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(Heard::Other),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
     }
 }
 
@@ -172,20 +193,16 @@ impl std::future::Future for DrainWait<'_> {
     type Output = ();
 
     fn poll(
-        self: std::pin::Pin<&mut Self>,
+        mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<()> {
-        let this = self.project();
-        if this.drain.started() {
-            return std::task::Poll::Ready(());
-        }
-        if !*this.registered {
-            *this.registered = true;
-            if this.notified.poll(cx).is_ready() {
-                return std::task::Poll::Ready(());
+        loop {
+            match std::task::ready!(self.as_mut().poll_heard(cx)) {
+                Heard::Started => return std::task::Poll::Ready(()),
+                // Not this drain's word: registered again, wait on.
+                Heard::Other => {}
             }
         }
-        std::task::Poll::Pending
     }
 }
 

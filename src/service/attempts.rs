@@ -117,6 +117,7 @@ impl Service {
                     pages: config.pages.as_ref(),
                     client_ip: &client_ip,
                     tls: conn.tls,
+                    watches_cuts: conn.watches_cuts,
                     deadline: placed.deadline,
                     service: &self.name,
                     cookies,

@@ -159,6 +159,10 @@ impl ServiceConfig {
 pub struct Conn {
     pub client: std::net::SocketAddr,
     pub tls: bool,
+    /// The task serving the request polls it again after every drain cut (our HTTP/1
+    /// connection, see `balancer::cuts`): the request need not wait on its target's cut
+    /// itself.
+    pub watches_cuts: bool,
 }
 
 pub struct Service {

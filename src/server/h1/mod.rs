@@ -41,7 +41,7 @@ use super::idle::Counted;
 use super::limits::Timeouts;
 use super::shutdown::DrainWait;
 use super::shutdown::FIRST_REQUEST_WAIT;
-use super::{Drain, FirstRequest, Proxy, handle, log_expired};
+use super::{Drain, FirstRequest, Heard, Proxy, handle, log_expired};
 use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::raw_tcp;
 use crate::recycle::Recycled;
@@ -256,6 +256,12 @@ fn begin<'a, R: Respond>(
     phase.request();
     let over = ResponseOver::new(phase);
     let asked = Asked::of(&request, keep_alive);
+    // This connection's task polls the exchange again after every word of a drain
+    // (`watch`), so the request need not wait on its target's cut itself.
+    let conn = Conn {
+        watches_cuts: true,
+        ..conn
+    };
     Recycled::new(async move {
         let response = respond.respond(request, conn).await;
         // As hyper: a drain begun before the head goes out says `close` in it.
@@ -433,7 +439,9 @@ impl<R: AsyncRead + Unpin> Future for HeadWait<'_, '_, '_, '_, '_, R> {
         if let Poll::Ready(expired) = this.lifeline.watchdog.as_mut().poll(cx) {
             return Poll::Ready(Some(Next::Expired(expired)));
         }
-        if !this.lifeline.closing.get() && this.lifeline.drained.as_mut().poll(cx).is_ready() {
+        if !this.lifeline.closing.get()
+            && this.lifeline.drained.as_mut().poll_heard(cx) == Poll::Ready(Heard::Started)
+        {
             return Poll::Ready(None);
         }
         Poll::Pending
@@ -458,8 +466,12 @@ impl<R: AsyncRead + Unpin, F: Future<Output = bool>> Future for Watch<'_, '_, '_
         if let Poll::Ready(expired) = this.lifeline.watchdog.as_mut().poll(cx) {
             return Poll::Ready(Ended::Expired(expired));
         }
-        if !this.lifeline.closing.get() && this.lifeline.drained.as_mut().poll(cx).is_ready() {
-            this.lifeline.closing.set(true);
+        match this.lifeline.drained.as_mut().poll_heard(cx) {
+            Poll::Ready(Heard::Started) => this.lifeline.closing.set(true),
+            // A target's drain cut its requests: the exchange looks whether it is one of
+            // them when polled again (it does not wait on its target itself, see `begin`).
+            Poll::Ready(Heard::Other) => cx.waker().wake_by_ref(),
+            Poll::Pending => {}
         }
         // A pipelined request is kept (up to a head's worth); a close ends the exchange.
         let client = &mut *this.client;

@@ -336,6 +336,7 @@ async fn served_by(
     let conn = crate::service::Conn {
         client: peer,
         tls: false,
+        watches_cuts: false,
     };
     let serving = tokio::spawn(super::serve(stream, conn, respond, settings, drain.clone()));
     (client, serving)
