@@ -160,7 +160,7 @@ pub struct Conn {
     pub client: std::net::SocketAddr,
     pub tls: bool,
     /// The task serving the request polls it again after every drain cut (our HTTP/1
-    /// connection, see `balancer::cuts`): the request need not wait on its target's cut
+    /// connection, see `crate::broadcast`): the request need not wait on its target's cut
     /// itself.
     pub watches_cuts: bool,
 }
