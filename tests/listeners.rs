@@ -92,6 +92,15 @@ async fn tls(proxy: &Proxy, pem: &str) -> tokio_rustls::client::TlsStream<TcpStr
     testkit::tls::handshake(tcp, pem, "secure.test", &[b"http/1.1"]).await
 }
 
+/// A TLS handshake for secure.test over `tcp`, then one GET of `path` and its response.
+async fn https_get(tcp: TcpStream, pem: &str, path: &str) -> raw::RawResponse {
+    let mut tls =
+        BufReader::new(testkit::tls::handshake(tcp, pem, "secure.test", &[b"http/1.1"]).await);
+    let request = format!("GET {path} HTTP/1.1\r\nHost: secure.test\r\n\r\n");
+    tls.get_mut().write_all(request.as_bytes()).await.unwrap();
+    raw::read_response(&mut tls, false).await
+}
+
 /// The access line whose query is `query`.
 async fn access_line(proxy: &Proxy, query: &str) -> serde_json::Value {
     let line = proxy
@@ -188,13 +197,7 @@ async fn a_silent_tls_client_is_cut_at_the_handshake_timeout_and_a_late_one_serv
     let late = raw::connect(proxy.https_port).await;
     // Past the one-second deferral, so the kernel hands the connection over empty.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let mut tls =
-        BufReader::new(testkit::tls::handshake(late, &pem, "secure.test", &[b"http/1.1"]).await);
-    tls.get_mut()
-        .write_all(b"GET /late HTTP/1.1\r\nHost: secure.test\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(raw::read_response(&mut tls, false).await.status, 200);
+    assert_eq!(https_get(late, &pem, "/late").await.status, 200);
 }
 
 // === --idle-timeout ===
@@ -455,13 +458,7 @@ async fn proxy_protocol_names_the_client_in_the_log_the_forwarded_header_and_the
     // Over HTTPS the header comes before the ClientHello.
     let mut tcp = raw::connect(proxy.https_port).await;
     tcp.write_all(V1_CLIENT).await.unwrap();
-    let mut tls =
-        BufReader::new(testkit::tls::handshake(tcp, &pem, "secure.test", &[b"http/1.1"]).await);
-    tls.get_mut()
-        .write_all(b"GET /echo?tls HTTP/1.1\r\nHost: secure.test\r\n\r\n")
-        .await
-        .unwrap();
-    let r = raw::read_response(&mut tls, false).await;
+    let r = https_get(tcp, &pem, "/echo?tls").await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["headers"]["x-forwarded-for"], "203.0.113.7");
     assert_eq!(

@@ -87,6 +87,10 @@ pub struct Target {
     pin: Box<str>,
     health: AtomicU8,
     inflight: AtomicUsize,
+    /// Drains waiting for `inflight` to reach 0: only while one waits does the last
+    /// request out wake `idle` (its waiters' lock, otherwise taken on every request that
+    /// leaves the target idle: every request at one connection).
+    idle_watchers: AtomicUsize,
     idle: Notify,
     drains: DrainCycles,
 }
@@ -126,6 +130,7 @@ impl Target {
             pin: key.map(|k| k.pin(address)).unwrap_or_default(),
             health: AtomicU8::new(Health::Adding as u8),
             inflight: AtomicUsize::new(0),
+            idle_watchers: AtomicUsize::new(0),
             idle: Notify::new(),
             drains: DrainCycles::default(),
         }))
@@ -193,10 +198,15 @@ impl Target {
         let drains = &self.drains;
         let cycle = drains.current.load(Ordering::Acquire);
         drains.cut(&drains.upgrades_cut, cycle);
+        // Counted as watching before `inflight` is read, and a guard's drop decrements
+        // `inflight` before it reads `idle_watchers`, all SeqCst: either this sees the
+        // count at 0, or the last guard out sees a watcher and wakes `idle` (whose
+        // `notified` is made before the count is read, so it hears it).
+        let _watching = IdleWatch::start(&self.idle_watchers);
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let notified = self.idle.notified();
-            if self.inflight() == 0 {
+            if self.inflight.load(Ordering::SeqCst) == 0 {
                 break;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -209,6 +219,22 @@ impl Target {
             }
         }
         drains.current.fetch_max(cycle + 1, Ordering::AcqRel);
+    }
+}
+
+/// A drain counted in [`Target::idle_watchers`] until it ends or is dropped.
+struct IdleWatch<'a>(&'a AtomicUsize);
+
+impl<'a> IdleWatch<'a> {
+    fn start(watchers: &'a AtomicUsize) -> Self {
+        watchers.fetch_add(1, Ordering::SeqCst);
+        IdleWatch(watchers)
+    }
+}
+
+impl Drop for IdleWatch<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -225,11 +251,25 @@ impl TargetGuard {
     }
 
     /// Resolves when a drain gives up waiting for this request. A request whose
-    /// connection's task hears the drain's word ([`crate::broadcast`]) looks at
-    /// [`TargetGuard::is_cancelled`] instead.
+    /// connection's task hears the drain's word ([`crate::broadcast`]) waits with
+    /// [`TargetGuard::cancelled_when_polled`] instead.
     pub async fn cancelled(&self) {
         let drains = &self.target.drains;
         drains.wait(&drains.requests_cut, self.cycle).await
+    }
+
+    /// Resolves when polled after a drain gave up waiting for this request, registering
+    /// no waker: one load a poll, for a request whose connection's task is polled again
+    /// when a drain cuts requests ([`crate::broadcast`]). [`TargetGuard::cancelled`] puts
+    /// the request in the target's waiters under their lock, twice a request.
+    pub fn cancelled_when_polled(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(|_| {
+            if self.is_cancelled() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
     }
 
     pub fn is_cancelled(&self) -> bool {
@@ -245,8 +285,11 @@ impl TargetGuard {
 
 impl Drop for TargetGuard {
     fn drop(&mut self) {
-        if self.target.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.target.idle.notify_waiters();
+        let target = &self.target;
+        if target.inflight.fetch_sub(1, Ordering::SeqCst) == 1
+            && target.idle_watchers.load(Ordering::SeqCst) > 0
+        {
+            target.idle.notify_waiters();
         }
     }
 }
@@ -282,5 +325,16 @@ mod tests {
         drop(g);
         d.await.unwrap();
         assert_eq!(started.elapsed(), Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_given_up_stops_watching() {
+        let t = Target::new("app:3000").unwrap();
+        let g = t.begin();
+        let given_up =
+            tokio::time::timeout(Duration::from_secs(1), t.drain(Duration::from_secs(30)));
+        assert!(given_up.await.is_err());
+        assert_eq!(t.idle_watchers.load(Ordering::SeqCst), 0);
+        drop(g);
     }
 }

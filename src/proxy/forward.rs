@@ -342,16 +342,7 @@ impl Forwarder {
                     match exchange.target.as_ref() {
                         // Our HTTP/1 connection's task polls this again after a drain's
                         // word (`crate::broadcast`): a look at the target's is enough.
-                        Some(g) if up.watches_cuts => {
-                            std::future::poll_fn(|_| {
-                                if g.is_cancelled() {
-                                    std::task::Poll::Ready(())
-                                } else {
-                                    std::task::Poll::Pending
-                                }
-                            })
-                            .await
-                        }
+                        Some(g) if up.watches_cuts => g.cancelled_when_polled().await,
                         Some(g) => g.cancelled().await,
                         None => std::future::pending().await,
                     }
