@@ -10,6 +10,10 @@
 # BASE_PORT (18700), NGINX_WORKERS (2). Nothing is pinned (both cores are shared by wrk,
 # the backend and the proxy, as on the issue's two-core figures). kamal-proxy's access log
 # goes to a file on disk, as in production. Prints the load average before and after.
+#   FRESH=1   start the kamal-proxy processes anew each round, in that round's order: one
+#             binary started twice and measured unpinned read 5 % apart for as long as both
+#             ran (bench/README.md, "Twenty-eighth round"), so a comparison of two builds
+#             is only fair across fresh starts.
 set -euo pipefail
 
 ROUNDS="${ROUNDS:-3}"
@@ -17,6 +21,7 @@ DURATION="${DURATION:-8}"
 CONNECTIONS="${CONNECTIONS:-64}"
 THREADS="${THREADS:-2}"
 BASE_PORT="${BASE_PORT:-18700}"
+FRESH="${FRESH:-0}"
 NGINX_WORKERS="${NGINX_WORKERS:-2}"
 read -r -a BINS <<<"${KP_BINS:?set KP_BINS to one or more kamal-proxy binaries}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/kp-interleave.XXXXXX")"
@@ -91,22 +96,31 @@ PID[nginx]=$!
 PIDS+=("${PID[nginx]}")
 wait_port "${PORT[nginx]}"
 
-i=0
-for bin in "${BINS[@]}"; do
-    i=$((i + 1))
-    name="kp$i"
-    NAMES+=("$name")
-    d="$WORK/$name"
-    mkdir -p "$d/home"
-    PORT[$name]=$((BASE_PORT + 10 + 2 * i))
-    HOME="$d/home" KAMAL_PROXY_SOCKET="$d/kp.sock" "$bin" run --http-port="${PORT[$name]}" \
+declare -A BIN
+start_kp() { # name: runs BIN[name] on PORT[name] with a service deployed, after ten requests
+    local name=$1 d="$WORK/$1"
+    rm -rf "$d" && mkdir -p "$d/home"
+    HOME="$d/home" KAMAL_PROXY_SOCKET="$d/kp.sock" "${BIN[$name]}" run --http-port="${PORT[$name]}" \
         --https-port=$((PORT[$name] + 1)) >"$d/access.log" 2>"$d/stderr.log" &
     PID[$name]=$!
     PIDS+=("${PID[$name]}")
     wait_port "${PORT[$name]}"
     until [[ -S "$d/kp.sock" ]]; do sleep 0.1; done
-    HOME="$d/home" KAMAL_PROXY_SOCKET="$d/kp.sock" "$bin" deploy bench --target="127.0.0.1:$UP" >/dev/null
+    HOME="$d/home" KAMAL_PROXY_SOCKET="$d/kp.sock" "${BIN[$name]}" deploy bench --target="127.0.0.1:$UP" >/dev/null
     for _ in 1 2 3 4 5 6 7 8 9 10; do curl -fsS -o /dev/null "http://127.0.0.1:${PORT[$name]}/"; done
+}
+stop_kp() { # name
+    kill -TERM "${PID[$1]}" 2>/dev/null || true
+    wait "${PID[$1]}" 2>/dev/null || true
+}
+i=0
+for bin in "${BINS[@]}"; do
+    i=$((i + 1))
+    name="kp$i"
+    NAMES+=("$name")
+    BIN[$name]=$bin
+    PORT[$name]=$((BASE_PORT + 10 + 2 * i))
+    start_kp "$name"
     echo "$name = $bin (idle RSS $(rss_kb "${PID[$name]}") KiB)"
 done
 
@@ -114,6 +128,17 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A RPS P99 CPU RSS
 for ((r = 0; r < ROUNDS; r++)); do
     n=${#NAMES[@]}
+    if [[ "$FRESH" == 1 && $r -gt 0 ]]; then
+        for ((k = 0; k < n; k++)); do
+            t=${NAMES[$(((k + r) % n))]}
+            [[ $t == nginx ]] && continue
+            stop_kp "$t"
+        done
+        for ((k = 0; k < n; k++)); do
+            t=${NAMES[$(((k + r) % n))]}
+            [[ $t == nginx ]] || start_kp "$t"
+        done
+    fi
     for ((k = 0; k < n; k++)); do
         t=${NAMES[$(((k + r) % n))]}
         wrk -t"$THREADS" -c"$CONNECTIONS" -d1s "http://127.0.0.1:${PORT[$t]}/" >/dev/null
