@@ -88,14 +88,17 @@ where
 }
 
 async fn tls(proxy: &Proxy, pem: &str) -> tokio_rustls::client::TlsStream<TcpStream> {
-    let tcp = raw::connect(proxy.https_port).await;
+    tls_over(raw::connect(proxy.https_port).await, pem).await
+}
+
+/// A TLS handshake for secure.test (HTTP/1.1) over `tcp`.
+async fn tls_over(tcp: TcpStream, pem: &str) -> tokio_rustls::client::TlsStream<TcpStream> {
     testkit::tls::handshake(tcp, pem, "secure.test", &[b"http/1.1"]).await
 }
 
 /// A TLS handshake for secure.test over `tcp`, then one GET of `path` and its response.
 async fn https_get(tcp: TcpStream, pem: &str, path: &str) -> raw::RawResponse {
-    let mut tls =
-        BufReader::new(testkit::tls::handshake(tcp, pem, "secure.test", &[b"http/1.1"]).await);
+    let mut tls = BufReader::new(tls_over(tcp, pem).await);
     let request = format!("GET {path} HTTP/1.1\r\nHost: secure.test\r\n\r\n");
     tls.get_mut().write_all(request.as_bytes()).await.unwrap();
     raw::read_response(&mut tls, false).await
