@@ -157,10 +157,12 @@ async fn serve_connection(stream: TcpStream, policy: Policy, seen: Arc<Mutex<See
             "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n{keep_alive}\r\n{reply}",
             reply.len()
         );
+        // Counted before it goes out: counted after, the last request's answer could reach
+        // the test (through the proxy) before the count did.
+        *seen.lock().unwrap().answered.entry(head.seq).or_default() += 1;
         if r.get_mut().write_all(response.as_bytes()).await.is_err() {
             return;
         }
-        *seen.lock().unwrap().answered.entry(head.seq).or_default() += 1;
         answered_app = true;
         idle_since = Instant::now();
         if matches!(policy, Policy::ClosesAfterAnswering) {

@@ -164,42 +164,40 @@ impl Forwarder {
 
     /// Sends `req`; when a reused connection died under it before it was answered and
     /// [`retry`]'s rule allows, sends it once more on a new connection. (Only a bodiless
-    /// request can go again, and the pool hands such a request back with its failure.)
+    /// request can go again: the pool leaves such a request whole after a failure.)
     /// Not an `async fn`, for the size of its future (see `Pools::send`).
     #[allow(clippy::manual_async_fn)]
     fn send<'a>(
         &'a self,
         pools: &'a Pools,
         reuse: Reuse,
-        req: Request<RequestBody>,
+        req: &'a mut Request<RequestBody>,
         fields: &'a ProxyFields<'a>,
         answer_within: Option<Duration>,
         target: &'a Target,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + Send + 'a {
         async move {
             let to = target.authority();
-            let mut failed = match pools.send(req, to, fields, reuse, answer_within).await {
+            let failed = match pools.send(req, to, fields, reuse, answer_within).await {
                 Ok(r) => return Ok(r),
                 Err(e) => e,
             };
-            let again = failed
-                .take_request()
-                .filter(|req| retry::resend_allowed(&failed, req));
+            let again = failed.can_resend() && retry::resend_allowed(&failed, req);
             let e: BoxError = failed.into();
-            let Some(again) = again else {
+            if !again {
                 return Err(SendError {
                     error: e,
                     resent: false,
                 });
-            };
+            }
             tracing::info!(
                 "target" = target.address(),
-                path = %again.uri().path(),
+                path = %req.uri().path(),
                 error = %describe(&e),
                 "Resending request on a new connection"
             );
             pools
-                .send(again, to, fields, Reuse::Fresh, answer_within)
+                .send(req, to, fields, Reuse::Fresh, answer_within)
                 .await
                 .map_err(|error| SendError {
                     error: error.into(),
@@ -324,7 +322,6 @@ impl Forwarder {
                 req.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            let outbound = req;
             // `--target-timeout` (or `--path-timeout`) bounds the wait for response headers
             // once the request is sent (Go's `ResponseHeaderTimeout`), so a slow upload or
             // a wait for a connection at `--target-max-conns` is not cut short: the pool
@@ -332,7 +329,7 @@ impl Forwarder {
             let sent = self.send(
                 up.pools,
                 reuse,
-                outbound,
+                &mut req,
                 &fields,
                 up.response_timeout,
                 up.target,

@@ -1,12 +1,9 @@
 //! How a request to a target failed, worded as hyper-util's errors were (log lines are
 //! unchanged).
 
-use http::Request;
 use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
-
-use super::super::body::RequestBody;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -15,8 +12,9 @@ pub(crate) struct UpstreamError {
     /// hyper-util's name for the stage that failed.
     kind: &'static str,
     source: BoxError,
-    /// The request, when it had no body and can be sent again.
-    request: Option<Box<Request<RequestBody>>>,
+    /// The request is still whole in the sender's hands (it had no body, and nothing
+    /// took it): it can be sent again.
+    resendable: bool,
 }
 
 impl UpstreamError {
@@ -24,18 +22,19 @@ impl UpstreamError {
         UpstreamError {
             kind,
             source,
-            request: None,
+            resendable: false,
         }
     }
 
-    pub(super) fn with_request(mut self, req: Request<RequestBody>) -> Self {
-        self.request = Some(Box::new(req));
+    /// The request failed but is whole: it can go again.
+    pub(super) fn resendable(mut self) -> Self {
+        self.resendable = true;
         self
     }
 
-    /// The request that failed, when it can be sent again as it is (it had no body).
-    pub(crate) fn take_request(&mut self) -> Option<Request<RequestBody>> {
-        self.request.take().map(|r| *r)
+    /// Whether the request that failed can be sent again as it is (it had no body).
+    pub(crate) fn can_resend(&self) -> bool {
+        self.resendable
     }
 }
 

@@ -143,12 +143,17 @@ impl Pools {
     /// `ResponseHeaderTimeout` does: a slow upload, or a wait at `--target-max-conns`, is
     /// not cut short. Past it the error is [`AnswerTimedOut`].
     ///
-    /// Not an `async fn`: those keep each argument twice in their future (as passed, and
-    /// as bound), and a request is 328 bytes, copied with the future at each level.
+    /// The request is borrowed, not moved: it stays in the caller's future, and the
+    /// layers below hold a reference to it instead of a copy of its 328 bytes each (four
+    /// copies a request, from the forwarder's future down to the exchange). A request
+    /// with a body goes to hyper, which takes it: `req` is left empty then. A failure
+    /// that left it whole says so ([`UpstreamError::can_resend`]).
+    ///
+    /// Not an `async fn`: those keep each argument twice in their future.
     #[allow(clippy::manual_async_fn)]
     pub(crate) fn send<'a>(
         &'a self,
-        mut req: Request<RequestBody>,
+        req: &'a mut Request<RequestBody>,
         host: &'a Authority,
         fields: &'a ProxyFields<'a>,
         reuse: Reuse,
@@ -162,22 +167,29 @@ impl Pools {
                 && req.body().is_end_stream()
                 && req.method() != Method::CONNECT
             {
-                return self
+                let sent = self
                     .send_own(req, fields, &target, host, reuse, answer_within)
                     .await;
+                if sent.is_ok() {
+                    // Its head is out, and a request answered is not sent again: the
+                    // header map goes back to this thread's spares.
+                    super::header_maps::recycle(std::mem::take(req.headers_mut()));
+                }
+                return sent;
             }
             fields.apply(req.headers_mut());
+            let req = std::mem::replace(req, Request::new(RequestBody::empty()));
             self.send_hyper(req, &target, host, reuse, answer_within)
                 .await
         }
     }
 
-    /// Over one of our own connections. The request comes back with a failure (it has no
-    /// body, so it can be sent again). (Not an `async fn`: see [`Pools::send`].)
+    /// Over one of our own connections. A failure leaves the request whole (it has no
+    /// body), so it can be sent again. (Not an `async fn`: see [`Pools::send`].)
     #[allow(clippy::manual_async_fn)]
     fn send_own<'a>(
         &'a self,
-        req: Request<RequestBody>,
+        req: &'a Request<RequestBody>,
         fields: &'a ProxyFields<'a>,
         target: &'a Arc<TargetPool>,
         host: &'a Authority,
@@ -189,7 +201,7 @@ impl Pools {
             loop {
                 let (conn, reused) = match self.checkout(target, host, reuse, Kind::Own).await {
                     Ok(checked) => checked,
-                    Err(e) => return Err(e.with_request(req)),
+                    Err(e) => return Err(e.resendable()),
                 };
                 let Conn::Own(mut conn) = conn.conn else {
                     unreachable!("a checkout of our own kind")
@@ -206,8 +218,6 @@ impl Pools {
                             && head.request_bytes <= KEEP_HEAD_LIMIT
                             && head.bytes <= KEEP_HEAD_LIMIT;
                         let response = own::body::response(head, conn);
-                        // Its head is out, and a request answered is not sent again.
-                        super::header_maps::recycle(req.into_parts().0.headers);
                         return Ok(response.map(UpstreamBody::Own));
                     }
                     // Not a byte of it was written: the reused connection was closing.
@@ -216,7 +226,7 @@ impl Pools {
                     Err(own::SendError::Failed(e)) => e.into(),
                     Err(own::SendError::TimedOut) => Box::new(AnswerTimedOut) as BoxError,
                 };
-                return Err(UpstreamError::new("SendRequest", failed).with_request(req));
+                return Err(UpstreamError::new("SendRequest", failed).resendable());
             }
         }
     }
