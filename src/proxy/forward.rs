@@ -209,13 +209,15 @@ impl Forwarder {
     /// Forwards `req` (its body from [`Self::client_body`]); the returned response carries
     /// `exchange` in its body (or, for an upgrade, in the task that copies the upgraded
     /// connection). With `up.may_retry`, a failure that allows another attempt comes back
-    /// as [`Retry`] instead, with nothing sent to the client.
+    /// as [`Retry`] instead, with nothing sent to the client and `req` as the client sent
+    /// it. The request is borrowed where the attempts keep it, not moved into this future
+    /// and back (see `Pools::send`); it is changed where it lies on its way out.
     ///
     /// Not an `async fn`, for the size of its future (see `Pools::send`).
     #[allow(clippy::manual_async_fn)]
     pub fn forward<'a>(
         &'a self,
-        mut req: Request<RequestBody>,
+        req: &'a mut Request<RequestBody>,
         up: UpstreamRequest<'a>,
         exchange: Exchange,
     ) -> impl Future<Output = Result<Response<ResponseBody>, Box<Retry>>> + Send + 'a {
@@ -226,7 +228,7 @@ impl Forwarder {
             let (present, client_host) = Present::with_host(req.headers());
             let client_host = client_host.cloned();
             let upgrade = headers::upgrade_type(req.headers(), present);
-            let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+            let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut *req));
 
             // The request is changed where it lies, not taken apart and put together again:
             // each of those was a copy of its 328 bytes.
@@ -329,7 +331,7 @@ impl Forwarder {
             let sent = self.send(
                 up.pools,
                 reuse,
-                &mut req,
+                req,
                 &fields,
                 up.response_timeout,
                 up.target,
@@ -368,7 +370,7 @@ impl Forwarder {
                     let mut exchange = exchange;
                     exchange.target = None;
                     return match again {
-                        Some(again) => Err(Retry::new(again, exchange, Rejection::Drained)),
+                        Some(again) => Err(Retry::new(req, again, exchange, Rejection::Drained)),
                         None => Ok(up.reject(Rejection::Drained, uri.path(), &method, exchange)),
                     };
                 }
@@ -405,7 +407,7 @@ impl Forwarder {
                     };
                     // Only a connection that could not be made proves the target did not act.
                     return match again.filter(|_| connect == Some(ConnectFailure::Failed)) {
-                        Some(again) => Err(Retry::new(again, exchange, failure)),
+                        Some(again) => Err(Retry::new(req, again, exchange, failure)),
                         None => Ok(up.reject(failure, uri.path(), &method, exchange)),
                     };
                 }
@@ -520,10 +522,8 @@ impl Forwarder {
 }
 
 /// An attempt that failed in a way that allows another (see [`retry::may_try_elsewhere`]):
-/// nothing was sent to the client.
+/// nothing was sent to the client, and the request is as the client sent it again.
 pub struct Retry {
-    /// The request again, as the client sent it, for the next attempt.
-    pub request: Request<RequestBody>,
     /// The request's exchange, released from the target that failed.
     pub exchange: Exchange,
     /// What the client gets when there is no next attempt.
@@ -531,13 +531,16 @@ pub struct Retry {
 }
 
 impl Retry {
-    fn new(again: Replay, mut exchange: Exchange, failure: Rejection) -> Box<Retry> {
+    /// `req` becomes the request again, as the client sent it, for the next attempt.
+    fn new(
+        req: &mut Request<RequestBody>,
+        again: Replay,
+        mut exchange: Exchange,
+        failure: Rejection,
+    ) -> Box<Retry> {
+        *req = again.into_request(RequestBody::empty());
         exchange.target = None;
-        Box::new(Retry {
-            request: again.into_request(RequestBody::empty()),
-            exchange,
-            failure,
-        })
+        Box::new(Retry { exchange, failure })
     }
 }
 

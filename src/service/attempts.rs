@@ -128,16 +128,15 @@ impl Service {
                 // moved whole once per request (about 9 KB copied at hyper's `recv_msg` and
                 // again into the service block). A block is cheaper than those copies
                 // (bench/README.md, "Where the time goes").
-                let forwarded = Recycled::new(forwarder.forward(req, up, exchange));
+                let forwarded = Recycled::new(forwarder.forward(&mut req, up, exchange));
                 let Retry {
-                    request,
                     exchange: back,
                     failure,
                 } = match forwarded.await {
                     Ok(response) => return response,
                     Err(retry) => *retry,
                 };
-                (req, exchange) = (request, back);
+                exchange = back;
                 let again = match tries.as_mut() {
                     Some(t) => t.after_failure(lb.healthy_alongside(&target)).await,
                     None => false,
