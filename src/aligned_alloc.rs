@@ -3,13 +3,13 @@
 //!
 //! tokio aligns every task and every socket's I/O registration to 128 bytes (against
 //! false sharing between cores), so each connection makes two such blocks: its task
-//! (640 bytes on the HTTP port) and its registration (256). glibc serves an aligned
+//! (512 bytes on the HTTP port) and its registration (256). glibc serves an aligned
 //! request by cutting the aligned part out of a larger free block (`_int_memalign`); the
 //! pieces left before and after it are too small for most later requests, and a
 //! connection that stays open keeps them from merging back. With 10,000 idle keep-alive
-//! connections that was 250–450 bytes a connection on top of those 896: an `LD_PRELOAD`
-//! shim packing the aligned blocks end to end took RSS per idle connection from
-//! 1,400–1,600 bytes to 1,133 (bench/README.md, "Fifteenth round").
+//! connections that was 250–450 bytes a connection on top of those blocks (896 bytes then):
+//! an `LD_PRELOAD` shim packing the aligned blocks end to end took RSS per idle connection
+//! from 1,400–1,600 bytes to 1,133 (bench/README.md, "Fifteenth round").
 //!
 //! Here a block aligned to more than 16 and at most 128 bytes, of up to 4 KiB, takes a
 //! slot of its size class (a multiple of 128 bytes) in a 64-KiB chunk mapped from the

@@ -9,8 +9,9 @@
 //! reader (a byte arrived on an idle connection), the service (a head arrived) and the
 //! response body (it is over). The [`Watchdog`] is polled right after the connection in
 //! that same task, so it sees each change as it happens: nobody else reads the clock,
-//! takes a lock or wakes anyone, and the timer is re-armed only when a deadline comes
-//! earlier than the one it waits for (a later one is picked up when it fires).
+//! takes a lock or wakes anyone, and its timer (a slot in its thread's alarm table,
+//! `alarms`) is queued again only when a deadline comes earlier than the one it waits
+//! for (a later one is picked up when that one comes due).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,8 +19,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::{Instant, Sleep};
 
+use super::alarms::{Alarm, Bell, Rings};
 use super::limits::Timeouts;
 
 const HEAD: u32 = 0;
@@ -29,9 +30,10 @@ const STATE: u32 = 0b11;
 
 /// Where a connection is: reading a head, serving a request, or idle. The state sits in
 /// the low bits and a turn counter above them, so the watchdog tells a new head from
-/// the one it last saw even when it missed the phases in between.
+/// the one it last saw even when it missed the phases in between. Beside it, the
+/// watchdog's timer state, which its thread's alarm table reads (`alarms`).
 #[derive(Default)]
-pub struct Phase(AtomicU32);
+pub struct Phase(AtomicU32, Bell);
 
 impl Phase {
     fn set(&self, state: u32) {
@@ -64,6 +66,12 @@ pub struct ResponseOver(Arc<Phase>);
 impl ResponseOver {
     pub fn new(phase: &Arc<Phase>) -> Self {
         ResponseOver(phase.clone())
+    }
+}
+
+impl Rings for Phase {
+    fn bell(&self) -> &Bell {
+        &self.1
     }
 }
 
@@ -156,43 +164,31 @@ impl Expired {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// Resolves when the phase the connection is in has lasted longer than its timeout.
-    /// Poll it after the connection, in the same task (`select!` with `biased`). It
-    /// borrows the listener's timeouts: every idle connection's task holds one.
-    pub struct Watchdog<'t> {
-        phase: Arc<Phase>,
-        timeouts: &'t Timeouts,
-        seen: u32,
-        deadline: Option<Instant>,
-        // The timer is set (to its own deadline); kept as a flag, not a second copy of
-        // the time, for the 16 bytes every idle connection's task would carry.
-        armed: bool,
-        // The timer holds this task's waker: it was polled since it was last set. Until
-        // it goes off (or is set again), the connection's polls leave it alone: each poll
-        // of a tokio timer registers the waker anew, with two compare-and-swaps (and
-        // the connection's task is polled two or three times a request).
-        registered: bool,
-        #[pin]
-        timer: Sleep,
-    }
+/// Resolves when the phase the connection is in has lasted longer than its timeout.
+/// Poll it after the connection, in the same task (`select!` with `biased`). It
+/// borrows the listener's timeouts. Every idle connection's task holds one, so it is
+/// kept small (40 bytes): its timer is a slot in its thread's alarm table (`alarms`),
+/// where a tokio `Sleep` took 112 bytes of the task (152 in all before).
+pub struct Watchdog<'t> {
+    phase: Arc<Phase>,
+    timeouts: &'t Timeouts,
+    alarm: Alarm,
+    seen: u32,
 }
 
 impl<'t> Watchdog<'t> {
     /// For a connection ready for its first request head from now.
     pub fn new(phase: Arc<Phase>, timeouts: &'t Timeouts) -> Self {
         let seen = phase.0.load(Ordering::Relaxed);
-        let now = Instant::now();
-        let deadline = Self::limit(timeouts, seen).map(|d| now + d);
+        let alarm = Alarm::new(phase.clone());
+        let deadline = Self::limit(timeouts, seen).map(|d| crate::clock::now() + d);
+        // Queued with the table at the first poll, which has the task's waker.
+        alarm.set(&phase.1, deadline);
         Watchdog {
             phase,
             timeouts,
+            alarm,
             seen,
-            deadline,
-            armed: deadline.is_some(),
-            registered: false,
-            // Not registered with the timer wheel until first polled.
-            timer: tokio::time::sleep_until(deadline.unwrap_or(now)),
         }
     }
 
@@ -217,40 +213,16 @@ impl Future for Watchdog<'_> {
     type Output = Expired;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Expired> {
-        let mut this = self.project();
+        let this = self.get_mut();
         let now_seen = this.phase.0.load(Ordering::Relaxed);
-        if now_seen != *this.seen {
-            *this.seen = now_seen;
-            let now = crate::clock::now();
-            *this.deadline = Self::limit(this.timeouts, now_seen).map(|d| now + d);
-            if let Some(d) = *this.deadline {
-                if !*this.armed || d < this.timer.deadline() {
-                    this.timer.as_mut().reset(d);
-                    *this.armed = true;
-                    *this.registered = false;
-                }
-            }
+        if now_seen != this.seen {
+            this.seen = now_seen;
+            let deadline = Self::limit(this.timeouts, now_seen).map(|d| crate::clock::now() + d);
+            this.alarm.set(&this.phase.1, deadline);
         }
-        loop {
-            if !*this.armed || (*this.registered && !this.timer.is_elapsed()) {
-                return Poll::Pending;
-            }
-            if this.timer.as_mut().poll(cx).is_pending() {
-                *this.registered = true;
-                return Poll::Pending;
-            }
-            // The timer went off at the deadline it was armed with; the phase's own
-            // deadline may have moved on since.
-            *this.armed = false;
-            match *this.deadline {
-                Some(d) if d <= Instant::now() => return Poll::Ready(Self::expired(*this.seen)),
-                Some(d) => {
-                    this.timer.as_mut().reset(d);
-                    *this.armed = true;
-                    *this.registered = false;
-                }
-                None => return Poll::Pending,
-            }
+        match this.alarm.poll_rang(&this.phase.1, cx) {
+            Poll::Ready(()) => Poll::Ready(Self::expired(this.seen)),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -280,24 +252,24 @@ mod tests {
         let w = Watchdog::new(phase.clone(), &t);
         let mut w = std::pin::pin!(w);
         assert!(pending(&mut w).await);
-        tokio::time::advance(Duration::from_secs(29)).await;
+        super::super::alarms::advance(Duration::from_secs(29)).await;
         assert!(pending(&mut w).await);
         // The head arrived: no header clock any more, the write clock starts.
         phase.request();
         assert!(pending(&mut w).await);
-        tokio::time::advance(Duration::from_secs(4)).await;
+        super::super::alarms::advance(Duration::from_secs(4)).await;
         assert!(pending(&mut w).await);
         phase.over();
         assert!(pending(&mut w).await);
         // Idle for 59 s: still open, though the first header clock has long passed.
-        tokio::time::advance(Duration::from_secs(59)).await;
+        super::super::alarms::advance(Duration::from_secs(59)).await;
         assert!(pending(&mut w).await);
         // A byte of the next head: the header clock starts again from now.
         phase.byte_read();
         assert!(pending(&mut w).await);
-        tokio::time::advance(Duration::from_secs(29)).await;
+        super::super::alarms::advance(Duration::from_secs(29)).await;
         assert!(pending(&mut w).await);
-        tokio::time::advance(Duration::from_secs(1)).await;
+        super::super::alarms::advance(Duration::from_secs(1)).await;
         assert_eq!(
             futures_util::poll!(w.as_mut()),
             Poll::Ready(Expired::Header)
@@ -313,11 +285,11 @@ mod tests {
         phase.request();
         assert!(pending(&mut w).await);
         // No write timeout: a long response is never cut.
-        tokio::time::advance(Duration::from_secs(3600)).await;
+        super::super::alarms::advance(Duration::from_secs(3600)).await;
         assert!(pending(&mut w).await);
         phase.over();
         assert!(pending(&mut w).await);
-        tokio::time::advance(Duration::from_secs(60)).await;
+        super::super::alarms::advance(Duration::from_secs(60)).await;
         assert_eq!(futures_util::poll!(w.as_mut()), Poll::Ready(Expired::Idle));
 
         let phase = Arc::new(Phase::default());
@@ -326,7 +298,7 @@ mod tests {
         let mut w = std::pin::pin!(w);
         phase.request();
         assert!(pending(&mut w).await);
-        tokio::time::advance(Duration::from_secs(5)).await;
+        super::super::alarms::advance(Duration::from_secs(5)).await;
         assert_eq!(futures_util::poll!(w.as_mut()), Poll::Ready(Expired::Write));
     }
 
@@ -354,7 +326,7 @@ mod tests {
         let mut w = std::pin::pin!(w);
         for _ in 0..3 {
             assert!(pending(&mut w).await);
-            tokio::time::advance(Duration::from_secs(86_400)).await;
+            super::super::alarms::advance(Duration::from_secs(86_400)).await;
             phase.request();
             assert!(pending(&mut w).await);
             phase.over();

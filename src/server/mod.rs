@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 
 mod acme_http01;
+mod alarms;
 pub mod certificates;
 mod chunk_guard;
 mod framing;

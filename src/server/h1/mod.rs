@@ -418,7 +418,8 @@ fn watch<'a, 'w, 't, 'd, 'l, R: AsyncRead + Unpin, F: Future<Output = bool>>(
 // of the two, and the `async fn` kept its arguments twice, the `select!` its futures and a
 // poll function beside them (224 bytes for the exchange's wait, 104 now; 264 and 120 for
 // the head's, whose drain-time timer is boxed). The connection's task went from 768 to
-// 640 bytes (bench/README.md, "Ninth round"). Both poll the connection's one registration
+// 640 bytes (bench/README.md, "Ninth round"), and to 512 with the watchdog's timer in its
+// thread's alarm table ("Thirtieth round"). Both poll the connection's one registration
 // with the drain, which lives in `Lifeline`.
 /// The next request head, or what ends an idle connection first (the watchdog, and the
 /// drain unless `closing` already). `None`: the drain has begun.
