@@ -64,7 +64,8 @@ impl Alarm {
     }
 
     /// The deadline is `at` from now on (`None`: none). Nothing is queued here: see
-    /// [`Alarm::poll_rang`].
+    /// [`Alarm::poll_rang`]. `bell` is the one of the owner the alarm was made for (the
+    /// alarm does not keep it, for the 8 bytes of every connection's task).
     pub fn set(&self, bell: &Bell, at: Option<Instant>) {
         let ticks = at.map_or(0, |at| self.table.ticks(at));
         bell.deadline.store(ticks, Ordering::Relaxed);
