@@ -795,7 +795,7 @@ report_setting() { # setting
     if ((KP_WANTED)) && [[ "$TARGETS" != kamal-proxy ]]; then
         echo
         echo "kamal-proxy ÷ peer, $s. req/s: above 1 = kamal-proxy better; every other column: below 1 = kamal-proxy better."
-        echo "nginx and haproxy run with their access logs off (kamal-proxy's is on, to a file): those are the ratios to meet."
+        echo "nginx and haproxy run with their access logs off (kamal-proxy's is on, to ${KP_STDOUT:-a file}): those are the ratios to meet."
         echo "Rows marked (info) are for information: nginx-log is nginx writing a JSON access log like kamal-proxy's;"
         echo "haproxy-hdr is HAProxy adding the request headers kamal-proxy adds (X-Forwarded-For/-Host/-Proto, X-Request-ID, X-Request-Start, X-Kamal-Target)."
         local RHDR="%-19s %7s %7s %8s %8s %8s %8s %8s\n"

@@ -11,17 +11,30 @@
 /// Appends `src` to `out`.
 #[inline(always)]
 pub fn append(out: &mut Vec<u8>, src: &[u8]) {
+    out.reserve(src.len());
+    // SAFETY: `reserve` made room for `src`.
+    unsafe { append_within(out, src) }
+}
+
+/// Appends `src` to `out`, which has room for it: for a writer that reserved room for a
+/// whole run of values at once, and so skips a check of the capacity a value.
+///
+/// # Safety
+/// `out` has room for `src.len()` more bytes (`capacity - len`).
+#[inline(always)]
+pub unsafe fn append_within(out: &mut Vec<u8>, src: &[u8]) {
     let n = src.len();
-    if n > 32 {
-        out.extend_from_slice(src);
-        return;
-    }
-    out.reserve(n);
+    debug_assert!(out.capacity() - out.len() >= n);
     let len = out.len();
-    // SAFETY: `reserve` made room for `n` more bytes after `len`; `copy_short` writes
+    // SAFETY: the caller guarantees room for `n` bytes after `len`; each copy writes
     // exactly the `n` bytes of `src` there, so they are initialised before `set_len`.
     unsafe {
-        copy_short(src.as_ptr(), out.as_mut_ptr().add(len), n);
+        let dst = out.as_mut_ptr().add(len);
+        if n > 32 {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, n);
+        } else {
+            copy_short(src.as_ptr(), dst, n);
+        }
         out.set_len(len + n);
     }
 }

@@ -15,45 +15,27 @@ use super::http1::body::Http1Body;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A client's request body as the pipeline receives it: hyper's, or none at all (a
-/// bodiless request read by our own HTTP/1 connection, `server::h1`).
-pub enum ClientBody {
-    Hyper(Incoming),
+/// A client's request body, from where it is read to the target: hyper's stream, a
+/// buffered copy (`--buffer-requests`), or none (a bodiless request read by our own
+/// HTTP/1 connection, `server::h1`).
+///
+/// 40 bytes, hyper's `Incoming`'s size: the request (with this) is built where it is read
+/// and moved a few times on the way to its exchange, and a copy above 256 bytes costs twice
+/// the instructions of one below. What watches a body (its read timers, the signal of its
+/// end) is boxed beside it, on the few requests that have one.
+pub struct RequestBody(Kind);
+
+const _: () = assert!(std::mem::size_of::<RequestBody>() <= std::mem::size_of::<Incoming>());
+
+enum Kind {
     Empty,
+    Stream(Incoming),
+    Watched(Box<Watched>),
 }
 
-impl Body for ClientBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
-            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx),
-            ClientBody::Empty => Poll::Ready(None),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ClientBody::Hyper(b) => b.is_end_stream(),
-            ClientBody::Empty => true,
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            ClientBody::Hyper(b) => b.size_hint(),
-            ClientBody::Empty => SizeHint::with_exact(0),
-        }
-    }
-}
-
-/// What we send upstream.
-pub struct RequestBody {
-    kind: RequestKind,
+/// A body with a timer on its reading or a signal of its end.
+struct Watched {
+    source: Source,
     /// Dropped once the body has been handed over in full (or abandoned): the
     /// `--target-timeout` wait for response headers starts then.
     sent: Option<oneshot::Sender<()>>,
@@ -61,6 +43,11 @@ pub struct RequestBody {
     silence: Option<Silence>,
     /// `--read-timeout`: when the whole body must have come.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+enum Source {
+    Stream(Incoming),
+    Buffered(BufferedBody),
 }
 
 /// How long the client has left us waiting for the next byte of its body. The clock
@@ -97,56 +84,45 @@ impl std::fmt::Display for BodyReadTimeout {
 
 impl std::error::Error for BodyReadTimeout {}
 
-enum RequestKind {
-    Stream(Incoming),
-    Buffered(BufferedBody),
-    Empty,
-}
-
 impl RequestBody {
     pub fn stream(b: Incoming) -> Self {
-        Self::new(RequestKind::Stream(b))
+        RequestBody(Kind::Stream(b))
     }
 
     pub fn buffered(b: BufferedBody) -> Self {
-        Self::new(RequestKind::Buffered(b))
+        RequestBody(Kind::Watched(Box::new(Watched::of(Source::Buffered(b)))))
     }
 
     pub fn empty() -> Self {
-        Self::new(RequestKind::Empty)
-    }
-
-    fn new(kind: RequestKind) -> Self {
-        RequestBody {
-            kind,
-            sent: None,
-            silence: None,
-            deadline: None,
-        }
+        RequestBody(Kind::Empty)
     }
 
     /// Fails the body with [`BodyReadTimeout`] when the client sends nothing for
-    /// `limit` while we wait for it (`None`: wait for ever). A body that has already
-    /// ended pays for no timer.
-    pub fn read_timeout(mut self, limit: Option<std::time::Duration>) -> Self {
-        if let Some(limit) = limit.filter(|_| !self.is_end_stream()) {
-            self.silence = Some(Silence {
+    /// `silence` while we wait for it, or is still sending it at `deadline` (`None`: no
+    /// such limit). Set in place, once the request is admitted: the request is built with
+    /// this type where it is read and borrowed by the layers below, never rebuilt. A body
+    /// that has already ended pays for no timer.
+    pub fn limit_reading(
+        &mut self,
+        silence: Option<std::time::Duration>,
+        deadline: Option<tokio::time::Instant>,
+    ) {
+        if self.is_end_stream() || (silence.is_none() && deadline.is_none()) {
+            return;
+        }
+        let Some(watched) = self.watched() else {
+            return;
+        };
+        if let Some(limit) = silence {
+            watched.silence = Some(Silence {
                 limit,
                 timer: Box::pin(tokio::time::sleep(limit)),
                 waiting: false,
             });
         }
-        self
-    }
-
-    /// Fails the body with [`BodyReadTimeout`] when the client is still sending it at
-    /// `at` (`run --read-timeout`; `None`: no limit). A body that has already ended pays
-    /// for no timer.
-    pub fn read_deadline(mut self, at: Option<tokio::time::Instant>) -> Self {
-        if let Some(at) = at.filter(|_| !self.is_end_stream()) {
-            self.deadline = Some(Box::pin(tokio::time::sleep_until(at)));
+        if let Some(at) = deadline {
+            watched.deadline = Some(Box::pin(tokio::time::sleep_until(at)));
         }
-        self
     }
 
     /// Resolves once the whole body has been sent; `None` when there is nothing to send
@@ -155,9 +131,82 @@ impl RequestBody {
         if self.is_end_stream() {
             return None;
         }
+        let watched = self.watched()?;
         let (tx, rx) = oneshot::channel();
-        self.sent = Some(tx);
+        watched.sent = Some(tx);
         Some(rx)
+    }
+
+    /// The body, watched from now on (`None` when there is none).
+    fn watched(&mut self) -> Option<&mut Watched> {
+        if let Kind::Stream(_) = self.0 {
+            let Kind::Stream(incoming) = std::mem::replace(&mut self.0, Kind::Empty) else {
+                unreachable!("matched above");
+            };
+            self.0 = Kind::Watched(Box::new(Watched::of(Source::Stream(incoming))));
+        }
+        match &mut self.0 {
+            Kind::Watched(watched) => Some(watched),
+            Kind::Empty | Kind::Stream(_) => None,
+        }
+    }
+}
+
+impl Watched {
+    fn of(source: Source) -> Watched {
+        Watched {
+            source,
+            sent: None,
+            silence: None,
+            deadline: None,
+        }
+    }
+
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled: Poll<Option<Result<Frame<Bytes>, BoxError>>> = match &mut self.source {
+            Source::Stream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Source::Buffered(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        };
+        if let Some(silence) = self.silence.as_mut() {
+            if polled.is_ready() {
+                silence.waiting = false;
+            } else if silence.expired(cx) {
+                self.silence = None;
+                self.sent = None;
+                return Poll::Ready(Some(Err(Box::new(BodyReadTimeout))));
+            }
+        }
+        if let Some(deadline) = self.deadline.as_mut() {
+            match polled {
+                Poll::Ready(None) => self.deadline = None,
+                // Only while the client keeps us waiting: what it has sent is taken.
+                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                    self.deadline = None;
+                    self.silence = None;
+                    self.sent = None;
+                    return Poll::Ready(Some(Err(Box::new(BodyReadTimeout))));
+                }
+                _ => {}
+            }
+        }
+        if self.sent.is_some() && (matches!(polled, Poll::Ready(None)) || self.is_end_stream()) {
+            self.sent = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.source {
+            Source::Stream(b) => b.is_end_stream(),
+            Source::Buffered(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.source {
+            Source::Stream(b) => b.size_hint(),
+            Source::Buffered(b) => b.size_hint(),
+        }
     }
 }
 
@@ -169,53 +218,26 @@ impl Body for RequestBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let polled: Poll<Option<Result<Frame<Bytes>, BoxError>>> = match &mut this.kind {
-            RequestKind::Stream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            RequestKind::Buffered(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            RequestKind::Empty => Poll::Ready(None),
-        };
-        if let Some(silence) = this.silence.as_mut() {
-            if polled.is_ready() {
-                silence.waiting = false;
-            } else if silence.expired(cx) {
-                this.silence = None;
-                this.sent = None;
-                return Poll::Ready(Some(Err(Box::new(BodyReadTimeout))));
-            }
+        match &mut self.get_mut().0 {
+            Kind::Empty => Poll::Ready(None),
+            Kind::Stream(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Kind::Watched(w) => w.poll_frame(cx),
         }
-        if let Some(deadline) = this.deadline.as_mut() {
-            match polled {
-                Poll::Ready(None) => this.deadline = None,
-                // Only while the client keeps us waiting: what it has sent is taken.
-                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
-                    this.deadline = None;
-                    this.silence = None;
-                    this.sent = None;
-                    return Poll::Ready(Some(Err(Box::new(BodyReadTimeout))));
-                }
-                _ => {}
-            }
-        }
-        if this.sent.is_some() && (matches!(polled, Poll::Ready(None)) || this.is_end_stream()) {
-            this.sent = None;
-        }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            RequestKind::Stream(b) => b.is_end_stream(),
-            RequestKind::Buffered(b) => b.is_end_stream(),
-            RequestKind::Empty => true,
+        match &self.0 {
+            Kind::Empty => true,
+            Kind::Stream(b) => b.is_end_stream(),
+            Kind::Watched(w) => w.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.kind {
-            RequestKind::Stream(b) => b.size_hint(),
-            RequestKind::Buffered(b) => b.size_hint(),
-            RequestKind::Empty => SizeHint::with_exact(0),
+        match &self.0 {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Stream(b) => b.size_hint(),
+            Kind::Watched(w) => w.size_hint(),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::body::finish;
-use super::body::{BodyReadTimeout, ClientBody, RequestBody, ResponseBody, UpstreamBody};
+use super::body::{BodyReadTimeout, RequestBody, ResponseBody, UpstreamBody};
 use super::buffer::{BufferError, SpillBuffer};
 use super::cookies;
 use super::exchange::Exchange;
@@ -131,17 +131,14 @@ impl Forwarder {
         self
     }
 
-    /// A client's request body as it is forwarded: cut off after `--body-read-timeout`
-    /// of silence, or when it is still coming `--read-timeout` after the request
-    /// `arrived`.
-    pub fn client_body(&self, body: ClientBody, arrived: tokio::time::Instant) -> RequestBody {
-        let incoming = match body {
-            ClientBody::Hyper(incoming) => incoming,
-            ClientBody::Empty => return RequestBody::empty(),
-        };
-        RequestBody::stream(incoming)
-            .read_timeout(self.body_read_timeout)
-            .read_deadline(self.read_timeout.map(|limit| arrived + limit))
+    /// Limits the reading of a client's request body as it is forwarded: cut off after
+    /// `--body-read-timeout` of silence, or when it is still coming `--read-timeout` after
+    /// the request `arrived`.
+    pub fn limit_client_body(&self, body: &mut RequestBody, arrived: tokio::time::Instant) {
+        body.limit_reading(
+            self.body_read_timeout,
+            self.read_timeout.map(|limit| arrived + limit),
+        );
     }
 
     /// How a request to `target` may use the pool: an upgrade or `--target-disable-keep-alives`
@@ -206,9 +203,9 @@ impl Forwarder {
         }
     }
 
-    /// Forwards `req` (its body from [`Self::client_body`]); the returned response carries
-    /// `exchange` in its body (or, for an upgrade, in the task that copies the upgraded
-    /// connection). With `up.may_retry`, a failure that allows another attempt comes back
+    /// Forwards `req` (its body limited by [`Self::limit_client_body`]); the returned
+    /// response carries `exchange` in its body (or, for an upgrade, in the task that copies
+    /// the upgraded connection). With `up.may_retry`, a failure that allows another attempt comes back
     /// as [`Retry`] instead, with nothing sent to the client and `req` as the client sent
     /// it. The request is borrowed where the attempts keep it, not moved into this future
     /// and back (see `Pools::send`); it is changed where it lies on its way out.

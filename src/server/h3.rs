@@ -1,7 +1,7 @@
 //! `run --http3`: QUIC on UDP at the HTTPS port (TLS 1.3, ALPN `h3`), the same
 //! certificate resolver and the same request pipeline.
 //!
-//! The pipeline streams a request body as hyper's `Incoming` (`ClientBody`), which only
+//! The pipeline streams a request body as hyper's `Incoming` (`RequestBody`), which only
 //! hyper's own connections can produce, so each HTTP/3 request is handed to it over an
 //! in-memory HTTP/1.1 connection (a duplex pipe): the request and response bodies stream
 //! through unbuffered.
@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Proxy, Shutdown, handle, normalize};
-use crate::proxy::body::ClientBody;
+use crate::proxy::body::RequestBody;
 use crate::service::Conn;
 
 type BridgeBody = BoxBody<Bytes, std::io::Error>;
@@ -188,7 +188,10 @@ async fn serve_request(
         let service = service_fn(move |mut req| {
             let proxy = proxy.clone();
             *req.version_mut() = Version::HTTP_3;
-            async move { Ok::<_, Infallible>(handle(&proxy, req.map(ClientBody::Hyper), conn).await) }
+            async move {
+                let mut req = req.map(RequestBody::stream);
+                Ok::<_, Infallible>(handle(&proxy, &mut req, conn).await)
+            }
         });
         let _ = super::http1_builder(&limits)
             .serve_connection(TokioIo::new(server_io), service)

@@ -18,7 +18,7 @@ use super::idle::{Activity, Counted};
 use super::workers::Workers;
 use super::write_deadline::{WriteDeadline, WriteTimedOut};
 use super::{Drain, FirstRequest, Proxy, Shutdown, handle, normalize};
-use crate::proxy::body::ClientBody;
+use crate::proxy::body::RequestBody;
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
 
@@ -248,11 +248,11 @@ async fn handshake(mut stream: TcpStream, client: SocketAddr, https: &Https) -> 
 
 /// An HTTPS connection's answer: the pipeline's, with `Alt-Svc` when HTTP/3 is served.
 impl super::h1::Respond for Arc<Https> {
-    fn respond(
-        &self,
-        request: http::Request<ClientBody>,
+    fn respond<'a>(
+        &'a self,
+        request: &'a mut http::Request<RequestBody>,
         conn: Conn,
-    ) -> impl std::future::Future<Output = http::Response<crate::proxy::body::ResponseBody>> + Send
+    ) -> impl std::future::Future<Output = http::Response<crate::proxy::body::ResponseBody>> + Send + 'a
     {
         respond(self, request, conn)
     }
@@ -284,15 +284,15 @@ where
         seen.mark();
         let https = shared.clone();
         let stream = counted.begin();
-        let req = req.map(ClientBody::Hyper);
+        let mut req = req.map(RequestBody::stream);
         let deadline = timeouts
             .write
             .map(|limit| tokio::time::Instant::now() + limit);
         async move {
             let response = match deadline {
-                None => respond(&https, req, conn).await,
+                None => respond(&https, &mut req, conn).await,
                 // No response by then: an error, which hyper turns into a reset stream.
-                Some(at) => tokio::time::timeout_at(at, respond(&https, req, conn))
+                Some(at) => tokio::time::timeout_at(at, respond(&https, &mut req, conn))
                     .await
                     .map_err(|_| {
                         tracing::info!(client = %conn.client, "No response within --write-timeout; resetting the stream");
@@ -337,7 +337,7 @@ where
 /// The pipeline's answer, with `Alt-Svc` when HTTP/3 is served.
 async fn respond(
     https: &Https,
-    req: http::Request<ClientBody>,
+    req: &mut http::Request<RequestBody>,
     conn: Conn,
 ) -> http::Response<crate::proxy::body::ResponseBody> {
     let mut response = handle(&https.proxy, req, conn).await;

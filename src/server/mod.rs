@@ -34,7 +34,7 @@ pub use shutdown::{DEFAULT_SHUTDOWN_TIMEOUT, Drain, FirstRequest, Heard, Shutdow
 
 use crate::observe::access::{AccessRecord, header_values};
 use crate::proxy::Forwarder;
-use crate::proxy::body::{ClientBody, ResponseBody};
+use crate::proxy::body::{RequestBody, ResponseBody};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::headers::{X_FORWARDED_FOR, X_REQUEST_ID, X_REQUEST_START};
 use crate::proxy::rejection::{Refused, Rejection};
@@ -411,15 +411,18 @@ pub(crate) fn normalize(addr: SocketAddr) -> SocketAddr {
 /// The pipeline for one request (ARCHITECTURE.md's order), from the ping path to the
 /// service's answer.
 ///
-/// A function returning an `async` block, not an `async fn`: an `async fn` keeps each
-/// argument twice in its future (as passed, and moved into its body), and copies the
-/// request (264 bytes) from one to the other on its first poll.
+/// The request is borrowed, here and by every layer below, from the one place it was
+/// built with its final body type (the connection's exchange): moved by value from one
+/// layer's future into the next, it was copied five times a request and rebuilt once for
+/// its body's type (bench/README.md, "Thirty-first round"). A function
+/// returning an `async` block, not an `async fn`: an `async fn` keeps each argument twice
+/// in its future (as passed, and moved into its body), and copies them on its first poll.
 #[allow(clippy::manual_async_fn)]
-pub fn handle(
-    proxy: &Proxy,
-    mut req: Request<ClientBody>,
+pub fn handle<'a>(
+    proxy: &'a Proxy,
+    req: &'a mut Request<RequestBody>,
     conn: Conn,
-) -> impl Future<Output = Response<ResponseBody>> + Send + '_ {
+) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
     async move {
         if req.uri().path() == PING_PATH {
             // Never logged, never routed.
@@ -434,22 +437,22 @@ pub fn handle(
             .path()
             .starts_with(crate::tls::challenge::HTTP01_PREFIX)
         {
-            if let Some(answer) = acme_http01::answer(&proxy.router, &req) {
+            if let Some(answer) = acme_http01::answer(&proxy.router, req) {
                 return answer.render(None, req.method());
             }
         }
         let mut glance = Glance::of(req.headers());
-        let (request_id, request_id_added) = request_id(&mut req, &glance);
-        let request_start_added = request_start(&mut req, &glance);
+        let (request_id, request_id_added) = request_id(req, &glance);
+        let request_start_added = request_start(req, &glance);
         let arrival = Arrival {
             request_id,
             request_id_added,
             request_start_added,
         };
-        let exchange = Exchange::new(access_record(proxy, &req, conn, arrival, &mut glance));
+        let exchange = Exchange::new(access_record(proxy, req, conn, arrival, &mut glance));
 
         // One meaning per request: which host it is for, or a 400 when that is ambiguous.
-        if let Err(rejection) = framing::settle(&mut req, &mut glance) {
+        if let Err(rejection) = framing::settle(req, &mut glance) {
             let at = Refused {
                 service: "",
                 path: req.uri().path(),
@@ -483,7 +486,7 @@ pub fn handle(
 /// where the request leaves (`proxy::proxy_fields`). A fresh id replaces an empty value
 /// the client sent in the request's map; otherwise the map is left alone: an insert of a
 /// custom name there (hashing it, probing) cost about 250 instructions a request.
-fn request_id(req: &mut Request<ClientBody>, glance: &Glance) -> (HeaderValue, bool) {
+fn request_id(req: &mut Request<RequestBody>, glance: &Glance) -> (HeaderValue, bool) {
     if let Some(id) = &glance.request_id {
         return (id.clone(), false);
     }
@@ -529,7 +532,7 @@ fn hyphenated_v4() -> [u8; uuid::fmt::Hyphenated::LENGTH] {
 /// The `X-Request-Start` to add where the request leaves, when the client sent none; one
 /// replacing an empty value the client sent goes into the request's map (as
 /// [`request_id`]).
-fn request_start(req: &mut Request<ClientBody>, glance: &Glance) -> Option<HeaderValue> {
+fn request_start(req: &mut Request<RequestBody>, glance: &Glance) -> Option<HeaderValue> {
     if glance.request_start {
         return None;
     }
@@ -579,7 +582,7 @@ struct Arrival {
 
 fn access_record(
     proxy: &Proxy,
-    req: &Request<ClientBody>,
+    req: &Request<RequestBody>,
     conn: Conn,
     arrival: Arrival,
     glance: &mut Glance,

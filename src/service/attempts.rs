@@ -47,12 +47,13 @@ impl Service {
     /// Sends the request to a target and returns the response: the app's, or the proxy's
     /// own answer once no attempt is left.
     ///
-    /// Not an `async fn`, which would keep each argument twice in its future and copy
-    /// them (the request's 328 bytes among them) on its first poll (see `server::handle`).
+    /// The request is borrowed from where it was read (see `server::handle`). Not an
+    /// `async fn`, which would keep each argument twice in its future and copy them on its
+    /// first poll.
     #[allow(clippy::manual_async_fn)]
     pub(super) fn forward_to_target<'a>(
         &'a self,
-        mut req: Request<RequestBody>,
+        req: &'a mut Request<RequestBody>,
         conn: Conn,
         config: &'a ServiceConfig,
         placed: Placement<'a>,
@@ -65,11 +66,11 @@ impl Service {
                 .retry
                 .map(|policy| Tries::new(policy, placed.deadline));
             let client_ip = crate::proxy::headers::ip_value(conn.client.ip());
-            self.wait_for_a_starting_pin(&req, config, placed.deadline)
+            self.wait_for_a_starting_pin(req, config, placed.deadline)
                 .await;
             let mut first = true;
             loop {
-                let chosen = self.choose_target(&req, config, placed.prefix, first);
+                let chosen = self.choose_target(req, config, placed.prefix, first);
                 let Chosen {
                     target,
                     lb,
@@ -91,7 +92,7 @@ impl Service {
                             continue;
                         }
                         let rejection = past_deadline(placed.deadline, Rejection::NoHealthyTarget);
-                        return self.refuse(rejection, &req, config, exchange);
+                        return self.refuse(rejection, req, config, exchange);
                     }
                 };
                 cookies.session_pin =
@@ -128,7 +129,7 @@ impl Service {
                 // moved whole once per request (about 9 KB copied at hyper's `recv_msg` and
                 // again into the service block). A block is cheaper than those copies
                 // (bench/README.md, "Where the time goes").
-                let forwarded = Recycled::new(forwarder.forward(&mut req, up, exchange));
+                let forwarded = Recycled::new(forwarder.forward(req, up, exchange));
                 let Retry {
                     exchange: back,
                     failure,
@@ -143,7 +144,7 @@ impl Service {
                 };
                 if !again {
                     let rejection = past_deadline(placed.deadline, failure);
-                    return self.refuse(rejection, &req, config, exchange);
+                    return self.refuse(rejection, req, config, exchange);
                 }
                 exchange.record().retries += 1;
                 tracing::debug!(

@@ -21,7 +21,7 @@ use crate::observe::access::{header_values, log_key};
 use crate::observe::metrics::ServiceMetrics;
 use crate::options::upstream::{PathTimeouts, RetryPolicy};
 use crate::options::{ServiceOptions, TargetOptions};
-use crate::proxy::body::{ClientBody, ResponseBody};
+use crate::proxy::body::{RequestBody, ResponseBody};
 use crate::proxy::cookies::request_cookie;
 use crate::proxy::exchange::Exchange;
 use crate::proxy::pages::ErrorPages;
@@ -295,13 +295,13 @@ impl Service {
     /// Runs the service's part of the pipeline. `prefix` is the path prefix the router
     /// matched. The returned response always carries `exchange`.
     ///
-    /// Not an `async fn`, which would keep each argument twice in its future and copy
-    /// them (the request's 264 bytes among them) from one place to the other on its first
-    /// poll (see `server::handle`).
+    /// The request is borrowed from where it was read (see `server::handle`). Not an
+    /// `async fn`, which would keep each argument twice in its future and copy them from
+    /// one place to the other on its first poll.
     #[allow(clippy::manual_async_fn)]
     pub fn serve<'a>(
         &'a self,
-        mut req: Request<ClientBody>,
+        req: &'a mut Request<RequestBody>,
         conn: Conn,
         prefix: &'a str,
         mut exchange: Exchange,
@@ -358,7 +358,7 @@ impl Service {
 
             // Steps 5–8, each of which may answer the request itself.
             let admitted = self
-                .admit(&mut req, conn, &config, is_health_check, &mut exchange)
+                .admit(req, conn, &config, is_health_check, &mut exchange)
                 .await;
             let deadline = match admitted {
                 Ok(deadline) => deadline,
@@ -399,8 +399,7 @@ impl Service {
                     &config.options.client_ip_header,
                 );
             }
-            let arrived = exchange.started();
-            let req = req.map(|body| forwarder.client_body(body, arrived));
+            forwarder.limit_client_body(req.body_mut(), exchange.started());
             let placed = attempts::Placement {
                 path_and_query,
                 response_timeout,
@@ -419,7 +418,7 @@ impl Service {
     /// a sleeping service is counted in flight (in `exchange`) and its wake awaited.
     async fn admit(
         &self,
-        req: &mut Request<ClientBody>,
+        req: &mut Request<RequestBody>,
         conn: Conn,
         config: &ServiceConfig,
         is_health_check: bool,

@@ -97,10 +97,14 @@ impl FlakyBackend {
     pub async fn refuse(&self) {
         let mut state = self.state.lock().await;
         if let Listening::Yes(task) = &mut *state {
+            // Bound before the listener goes, so the port is never free in between: a
+            // free port in the ephemeral range can be handed to the proxy's own
+            // connection attempt to it (a TCP self-connect), and binding it back fails.
+            let socket = bound(self.addr);
             task.abort();
             let _ = task.await;
             self.shared.generation.send_modify(|g| *g += 1);
-            *state = Listening::No(bound(self.addr));
+            *state = Listening::No(socket);
         }
     }
 
@@ -179,9 +183,11 @@ impl Drop for FlakyBackend {
 }
 
 /// A socket bound to `addr` (reused at once, as a restarted server would), not listening.
+/// `SO_REUSEPORT` lets it be bound while the backend's listener still holds the port.
 fn bound(addr: SocketAddr) -> TcpSocket {
     let socket = TcpSocket::new_v4().expect("socket");
     socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+    socket.set_reuseport(true).expect("SO_REUSEPORT");
     socket.bind(addr).expect("bind the backend's port");
     socket
 }

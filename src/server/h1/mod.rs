@@ -42,7 +42,7 @@ use super::limits::Timeouts;
 use super::shutdown::DrainWait;
 use super::shutdown::FIRST_REQUEST_WAIT;
 use super::{Drain, FirstRequest, Heard, Proxy, handle, log_expired};
-use crate::proxy::body::{ClientBody, ResponseBody};
+use crate::proxy::body::{RequestBody, ResponseBody};
 use crate::raw_tcp;
 use crate::recycle::Recycled;
 use crate::service::Conn;
@@ -93,21 +93,22 @@ impl Duplex for tokio_rustls::server::TlsStream<TcpStream> {
 }
 
 /// What a listener answers a request with: the pipeline, and for HTTPS an `Alt-Svc`.
+/// The request is borrowed: it stays where it was read for the whole exchange.
 pub trait Respond: Clone + Send + Sync + 'static {
-    fn respond(
-        &self,
-        request: Request<ClientBody>,
+    fn respond<'a>(
+        &'a self,
+        request: &'a mut Request<RequestBody>,
         conn: Conn,
-    ) -> impl Future<Output = Response<ResponseBody>> + Send;
+    ) -> impl Future<Output = Response<ResponseBody>> + Send + 'a;
 }
 
 /// The HTTP port's answer: the pipeline's.
 impl Respond for Arc<Proxy> {
-    fn respond(
-        &self,
-        request: Request<ClientBody>,
+    fn respond<'a>(
+        &'a self,
+        request: &'a mut Request<RequestBody>,
         conn: Conn,
-    ) -> impl Future<Output = Response<ResponseBody>> + Send {
+    ) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
         handle(self, request, conn)
     }
 }
@@ -245,7 +246,7 @@ pub fn serve<S: Duplex, R: Respond>(
 /// may carry another request. On the heap, in a block the thread reuses
 /// ([`Recycled`]): a connection's task holds only what it needs between requests.
 fn begin<'a, R: Respond>(
-    request: Request<ClientBody>,
+    request: Request<RequestBody>,
     keep_alive: bool,
     respond: &'a R,
     conn: Conn,
@@ -263,7 +264,11 @@ fn begin<'a, R: Respond>(
         ..conn
     };
     Recycled::new(async move {
-        let response = respond.respond(request, conn).await;
+        // The request lives here, borrowed by the whole pipeline, until its answer comes.
+        let response = {
+            let mut request = request;
+            respond.respond(&mut request, conn).await
+        };
         // As hyper: a drain begun before the head goes out says `close` in it.
         let asked = Asked {
             keep_alive: asked.keep_alive && !closing.get(),
@@ -539,7 +544,8 @@ async fn hand_over<S: Duplex, R: Respond>(
         let over = ResponseOver::new(&noted);
         let respond = respond.clone();
         async move {
-            let response = respond.respond(req.map(ClientBody::Hyper), conn).await;
+            let mut req = req.map(RequestBody::stream);
+            let response = respond.respond(&mut req, conn).await;
             Ok::<_, Infallible>(response.map(|body| Counted::new(body, over)))
         }
     });

@@ -7,7 +7,7 @@ use bytes::BytesMut;
 use http::{HeaderValue, Method, Request, Uri, Version, header};
 use std::mem::MaybeUninit;
 
-use crate::proxy::body::ClientBody;
+use crate::proxy::body::RequestBody;
 use crate::proxy::headers::has_token;
 
 /// As hyper: more header fields than this is a 431, which hyper gives.
@@ -21,7 +21,7 @@ const ADDED_FIELDS: usize = 8;
 pub enum Parsed {
     /// The head, taken out of the buffer; `keep_alive`: what the client asked for.
     Request {
-        request: Request<ClientBody>,
+        request: Request<RequestBody>,
         keep_alive: bool,
     },
     /// Not all of the head is in the buffer yet.
@@ -125,7 +125,7 @@ pub fn parse(buf: &mut BytesMut, max_head: usize) -> Parsed {
     parts.version = version;
     parts.headers = headers;
     Parsed::Request {
-        request: Request::from_parts(parts, ClientBody::Empty),
+        request: Request::from_parts(parts, RequestBody::empty()),
         keep_alive,
     }
 }

@@ -297,9 +297,9 @@ async fn a_large_body_goes_out_whole() {
 struct Ok200;
 
 impl super::Respond for Ok200 {
-    async fn respond(
-        &self,
-        _request: http::Request<crate::proxy::body::ClientBody>,
+    async fn respond<'a>(
+        &'a self,
+        _request: &'a mut http::Request<crate::proxy::body::RequestBody>,
         _conn: crate::service::Conn,
     ) -> Response<crate::proxy::body::ResponseBody> {
         Response::new(crate::proxy::body::ResponseBody::full("ok"))
@@ -390,9 +390,9 @@ struct Held {
 }
 
 impl super::Respond for Held {
-    async fn respond(
-        &self,
-        _request: http::Request<crate::proxy::body::ClientBody>,
+    async fn respond<'a>(
+        &'a self,
+        _request: &'a mut http::Request<crate::proxy::body::RequestBody>,
         _conn: crate::service::Conn,
     ) -> Response<crate::proxy::body::ResponseBody> {
         self.started.notify_one();
