@@ -205,10 +205,11 @@ impl Forwarder {
 
     /// Forwards `req` (its body limited by [`Self::limit_client_body`]); the returned
     /// response carries `exchange` in its body (or, for an upgrade, in the task that copies
-    /// the upgraded connection). With `up.may_retry`, a failure that allows another attempt comes back
-    /// as [`Retry`] instead, with nothing sent to the client and `req` as the client sent
-    /// it. The request is borrowed where the attempts keep it, not moved into this future
-    /// and back (see `Pools::send`); it is changed where it lies on its way out.
+    /// the upgraded connection). With `up.may_retry`, a failure that allows another
+    /// attempt comes back as [`Retry`] instead, with nothing sent to the client and `req`
+    /// as the client sent it. The request is borrowed where the attempts keep it, not
+    /// moved into this future and back (see `Pools::send`); it is changed where it lies on
+    /// its way out.
     ///
     /// Not an `async fn`, for the size of its future (see `Pools::send`).
     #[allow(clippy::manual_async_fn)]

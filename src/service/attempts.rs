@@ -10,9 +10,10 @@
 //! Each attempt asks the service for its pool again, so a request held across a redeploy
 //! goes to the new targets. With `--session-affinity` (fork F17) the first attempt goes to
 //! the writer the client's cookie pins; a further attempt is the rotation's, and the
-//! answer pins the client to the target that gave it (a proxy-made answer pins nobody). The try duration never outlasts `--request-timeout`: a
-//! deadline that passes while the request waits is a 504, as during any other hold. The
-//! access log counts the further attempts (`retries`).
+//! answer pins the client to the target that gave it (a proxy-made answer pins nobody).
+//! The try duration never outlasts `--request-timeout`: a deadline that passes while the
+//! request waits is a 504, as during any other hold. The access log counts the further
+//! attempts (`retries`).
 
 use http::uri::PathAndQuery;
 use http::{Request, Response};
