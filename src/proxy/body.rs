@@ -139,11 +139,13 @@ impl RequestBody {
 
     /// The body, watched from now on (`None` when there is none).
     fn watched(&mut self) -> Option<&mut Watched> {
-        if let Kind::Stream(_) = self.0 {
-            let Kind::Stream(incoming) = std::mem::replace(&mut self.0, Kind::Empty) else {
-                unreachable!("matched above");
+        if matches!(self.0, Kind::Stream(_)) {
+            self.0 = match std::mem::replace(&mut self.0, Kind::Empty) {
+                Kind::Stream(incoming) => {
+                    Kind::Watched(Box::new(Watched::of(Source::Stream(incoming))))
+                }
+                other => other,
             };
-            self.0 = Kind::Watched(Box::new(Watched::of(Source::Stream(incoming))));
         }
         match &mut self.0 {
             Kind::Watched(watched) => Some(watched),

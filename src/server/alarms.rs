@@ -297,12 +297,18 @@ mod tests {
         poll_fn(|cx| Poll::Ready(alarm.poll_rang(&owner.0, cx).is_ready())).await
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn an_alarm_rings_at_its_deadline_and_not_before() {
+    /// An alarm set `secs` from now, polled once (so queued), which has not rung.
+    async fn armed(secs: u64) -> (Arc<Owner>, Alarm) {
         let owner = Arc::new(Owner::default());
         let alarm = Alarm::new(owner.clone());
-        alarm.set(&owner.0, Some(Instant::now() + Duration::from_secs(10)));
+        alarm.set(&owner.0, Some(Instant::now() + Duration::from_secs(secs)));
         assert!(!rang(&alarm, &owner).await);
+        (owner, alarm)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_alarm_rings_at_its_deadline_and_not_before() {
+        let (owner, alarm) = armed(10).await;
         advance(Duration::from_secs(9)).await;
         assert!(!rang(&alarm, &owner).await);
         advance(Duration::from_secs(1)).await;
@@ -340,25 +346,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_earlier_deadline_wakes_the_table_and_a_dropped_alarm_is_forgotten() {
-        let late = Arc::new(Owner::default());
-        let late_alarm = Alarm::new(late.clone());
-        late_alarm.set(&late.0, Some(Instant::now() + Duration::from_secs(60)));
-        assert!(!rang(&late_alarm, &late).await);
-        let gone = Arc::new(Owner::default());
-        let gone_alarm = Alarm::new(gone.clone());
-        gone_alarm.set(&gone.0, Some(Instant::now() + Duration::from_secs(1)));
-        assert!(!rang(&gone_alarm, &gone).await);
-        let early = Arc::new(Owner::default());
-        let early_alarm = Alarm::new(early.clone());
-        early_alarm.set(&early.0, Some(Instant::now() + Duration::from_secs(2)));
-        assert!(!rang(&early_alarm, &early).await);
+        let (late, late_alarm) = armed(60).await;
+        let (_gone, gone_alarm) = armed(1).await;
+        let (early, early_alarm) = armed(2).await;
         drop(gone_alarm);
         // The dropped alarm's slot is taken again: its old queue entry is stale.
-        let again = Arc::new(Owner::default());
-        let again_alarm = Alarm::new(again.clone());
+        let (again, again_alarm) = armed(30).await;
         assert_eq!(again_alarm.slot, 1);
-        again_alarm.set(&again.0, Some(Instant::now() + Duration::from_secs(30)));
-        assert!(!rang(&again_alarm, &again).await);
         advance(Duration::from_secs(2)).await;
         assert!(rang(&early_alarm, &early).await);
         assert!(!rang(&again_alarm, &again).await);
