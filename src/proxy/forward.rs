@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::body::finish;
-use super::body::{BodyReadTimeout, RequestBody, ResponseBody, UpstreamBody};
+use super::body::{BodyReadTimeout, BoxedResponse, RequestBody, ResponseBody};
 use super::buffer::{BufferError, SpillBuffer};
 use super::cookies;
 use super::exchange::Exchange;
@@ -103,7 +103,7 @@ impl UpstreamRequest<'_> {
         path: &str,
         method: &Method,
         exchange: Exchange,
-    ) -> Response<ResponseBody> {
+    ) -> BoxedResponse {
         let at = Refused {
             service: self.service,
             path,
@@ -172,7 +172,7 @@ impl Forwarder {
         fields: &'a ProxyFields<'a>,
         answer_within: Option<Duration>,
         target: &'a Target,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + Send + 'a {
+    ) -> impl Future<Output = Result<BoxedResponse, SendError>> + Send + 'a {
         async move {
             let to = target.authority();
             let failed = match pools.send(req, to, fields, reuse, answer_within).await {
@@ -218,7 +218,7 @@ impl Forwarder {
         req: &'a mut Request<RequestBody>,
         up: UpstreamRequest<'a>,
         exchange: Exchange,
-    ) -> impl Future<Output = Result<Response<ResponseBody>, Box<Retry>>> + Send + 'a {
+    ) -> impl Future<Output = Result<BoxedResponse, Box<Retry>>> + Send + 'a {
         async move {
             let opts = up.options;
             // One pass over the request's names tells which of the fields looked at below
@@ -454,7 +454,7 @@ impl Forwarder {
                 .apply(response.headers_mut(), cookie_host.as_ref());
 
             if opts.buffer_responses && !is_event_stream(response.headers()) {
-                let (mut parts, incoming) = response.into_parts();
+                let (mut parts, incoming) = (*response).into_parts();
                 let buffered = match up.deadline {
                     Some(d) => {
                         match tokio::time::timeout_at(d, buffer_response(incoming, opts)).await {
@@ -482,7 +482,7 @@ impl Forwarder {
                                 .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                         }
                         finish(
-                            Response::from_parts(parts, ResponseBody::buffered(body)),
+                            Box::new(Response::from_parts(parts, ResponseBody::buffered(body))),
                             exchange,
                         )
                     }
@@ -507,14 +507,10 @@ impl Forwarder {
                 });
             }
             // The deadline keeps running over the body, unless it is an event stream.
-            let deadline = up.deadline.filter(|_| !is_event_stream(response.headers()));
-            Ok(finish(
-                response.map(|b| match deadline {
-                    Some(d) => ResponseBody::stream(b).with_deadline(d),
-                    None => ResponseBody::stream(b),
-                }),
-                exchange,
-            ))
+            if let Some(d) = up.deadline.filter(|_| !is_event_stream(response.headers())) {
+                response.body_mut().cut_at(d);
+            }
+            Ok(finish(response, exchange))
         }
     }
 }
@@ -633,7 +629,7 @@ enum ResponseBufferError {
 }
 
 async fn buffer_response(
-    mut body: UpstreamBody,
+    mut body: ResponseBody,
     opts: &TargetOptions,
 ) -> Result<super::buffer::BufferedBody, ResponseBufferError> {
     let mut buf = SpillBuffer::new(opts.max_memory_buffer_size, opts.max_response_body_size);
@@ -659,13 +655,14 @@ fn host_field(target: &Authority) -> &str {
 /// either side closes or a drain starts. The exchange (and so the in-flight counts that
 /// keep a service awake) lives as long as the connection.
 fn splice_upgrade(
-    mut upstream: Response<UpstreamBody>,
+    mut upstream: BoxedResponse,
     client: hyper::upgrade::OnUpgrade,
     mut exchange: Exchange,
-) -> Response<ResponseBody> {
-    let upstream_upgrade = hyper::upgrade::on(&mut upstream);
-    let (parts, _) = upstream.into_parts();
-    exchange.set_response(101, &parts.headers);
+) -> BoxedResponse {
+    let upstream_upgrade = hyper::upgrade::on(&mut *upstream);
+    // The client gets the head alone: what follows it is the upgraded connection's.
+    *upstream.body_mut() = ResponseBody::empty();
+    exchange.set_response(101, upstream.headers());
     tokio::spawn(async move {
         let (client, upstream) = match tokio::try_join!(client, upstream_upgrade) {
             Ok(pair) => pair,
@@ -690,7 +687,7 @@ fn splice_upgrade(
         };
         exchange.finish(sent);
     });
-    Response::from_parts(parts, ResponseBody::empty())
+    upstream
 }
 
 #[cfg(test)]

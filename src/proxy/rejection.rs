@@ -12,8 +12,8 @@ use http::{HeaderValue, Method, Response, StatusCode, header};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::body::ResponseBody;
 use super::body::finish;
+use super::body::{BoxedResponse, ResponseBody};
 use super::exchange::Exchange;
 use super::pages::{ErrorPages, error_response, html_escape};
 
@@ -295,9 +295,9 @@ impl Rejection {
         at: &Refused<'_>,
         pages: Option<&Arc<ErrorPages>>,
         exchange: Exchange,
-    ) -> Response<ResponseBody> {
+    ) -> BoxedResponse {
         self.log(at.service, at.path);
-        finish(self.render(pages, at.method), exchange)
+        finish(Box::new(self.render(pages, at.method)), exchange)
     }
 }
 

@@ -190,7 +190,7 @@ async fn serve_request(
             *req.version_mut() = Version::HTTP_3;
             async move {
                 let mut req = req.map(RequestBody::stream);
-                Ok::<_, Infallible>(handle(&proxy, &mut req, conn).await)
+                Ok::<_, Infallible>(*handle(&proxy, &mut req, conn).await)
             }
         });
         let _ = super::http1_builder(&limits)

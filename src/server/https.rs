@@ -18,7 +18,7 @@ use super::idle::{Activity, Counted};
 use super::workers::Workers;
 use super::write_deadline::{WriteDeadline, WriteTimedOut};
 use super::{Drain, FirstRequest, Proxy, Shutdown, handle, normalize};
-use crate::proxy::body::RequestBody;
+use crate::proxy::body::{BoxedResponse, RequestBody};
 use crate::service::Conn;
 use crate::tls::challenge::ACME_TLS_ALPN;
 
@@ -252,8 +252,7 @@ impl super::h1::Respond for Arc<Https> {
         &'a self,
         request: &'a mut http::Request<RequestBody>,
         conn: Conn,
-    ) -> impl std::future::Future<Output = http::Response<crate::proxy::body::ResponseBody>> + Send + 'a
-    {
+    ) -> impl std::future::Future<Output = BoxedResponse> + Send + 'a {
         respond(self, request, conn)
     }
 }
@@ -300,7 +299,7 @@ where
                     })?,
             };
             Ok::<_, WriteTimedOut>(
-                response.map(|body| Counted::new(WriteDeadline::new(body, deadline), stream)),
+                (*response).map(|body| Counted::new(WriteDeadline::new(body, deadline), stream)),
             )
         }
     });
@@ -335,11 +334,7 @@ where
 }
 
 /// The pipeline's answer, with `Alt-Svc` when HTTP/3 is served.
-async fn respond(
-    https: &Https,
-    req: &mut http::Request<RequestBody>,
-    conn: Conn,
-) -> http::Response<crate::proxy::body::ResponseBody> {
+async fn respond(https: &Https, req: &mut http::Request<RequestBody>, conn: Conn) -> BoxedResponse {
     let mut response = handle(&https.proxy, req, conn).await;
     if let Some(alt_svc) = &https.alt_svc {
         if !response.headers().contains_key(header::ALT_SVC) {

@@ -1,7 +1,7 @@
 //! Listeners and the outermost request steps (ARCHITECTURE.md steps 1–4): liveness ping,
 //! request id and start stamp, the access log, and routing to a service.
 
-use http::{HeaderValue, Request, Response};
+use http::{HeaderValue, Request};
 use hyper_util::rt::TokioTimer;
 use std::net::SocketAddr;
 
@@ -34,7 +34,7 @@ pub use shutdown::{DEFAULT_SHUTDOWN_TIMEOUT, Drain, FirstRequest, Heard, Shutdow
 
 use crate::observe::access::{AccessRecord, header_values};
 use crate::proxy::Forwarder;
-use crate::proxy::body::{RequestBody, ResponseBody};
+use crate::proxy::body::{BoxedResponse, RequestBody};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::headers::{X_FORWARDED_FOR, X_REQUEST_ID, X_REQUEST_START};
 use crate::proxy::rejection::{Refused, Rejection};
@@ -422,13 +422,13 @@ pub fn handle<'a>(
     proxy: &'a Proxy,
     req: &'a mut Request<RequestBody>,
     conn: Conn,
-) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
+) -> impl Future<Output = BoxedResponse> + Send + 'a {
     async move {
         if req.uri().path() == PING_PATH {
             // Never logged, never routed.
             let method_allowed =
                 req.method() == http::Method::GET || req.method() == http::Method::HEAD;
-            return Rejection::Ping { method_allowed }.render(None, req.method());
+            return Box::new(Rejection::Ping { method_allowed }.render(None, req.method()));
         }
         // HTTP-01 answers come before routing and any redirect, and ahead of the access log
         // (ARCHITECTURE.md's step 2): a certificate authority's probes are not app traffic.
@@ -438,7 +438,7 @@ pub fn handle<'a>(
             .starts_with(crate::tls::challenge::HTTP01_PREFIX)
         {
             if let Some(answer) = acme_http01::answer(&proxy.router, req) {
-                return answer.render(None, req.method());
+                return Box::new(answer.render(None, req.method()));
             }
         }
         let mut glance = Glance::of(req.headers());

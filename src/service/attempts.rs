@@ -15,8 +15,8 @@
 //! request waits is a 504, as during any other hold. The access log counts the further
 //! attempts (`retries`).
 
+use http::Request;
 use http::uri::PathAndQuery;
-use http::{Request, Response};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::{Conn, Service, ServiceConfig, is_read_request};
 use crate::balancer::{LoadBalancer, Pick};
 use crate::options::upstream::RetryPolicy;
-use crate::proxy::body::{RequestBody, ResponseBody};
+use crate::proxy::body::{BoxedResponse, RequestBody};
 use crate::proxy::cookies::{SessionPin, has_live_writer_cookie, request_cookie};
 use crate::proxy::exchange::Exchange;
 use crate::proxy::rejection::{Refused, Rejection};
@@ -60,7 +60,7 @@ impl Service {
         placed: Placement<'a>,
         mut exchange: Exchange,
         forwarder: &'a Forwarder,
-    ) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
+    ) -> impl Future<Output = BoxedResponse> + Send + 'a {
         async move {
             let mut tries = config
                 .upstream
@@ -262,7 +262,7 @@ impl Service {
         req: &Request<B>,
         config: &ServiceConfig,
         exchange: Exchange,
-    ) -> Response<ResponseBody> {
+    ) -> BoxedResponse {
         let at = Refused {
             service: &self.name,
             path: req.uri().path(),

@@ -3,7 +3,7 @@
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use http::uri::PathAndQuery;
-use http::{HeaderName, Method, Request, Response, header};
+use http::{HeaderName, Method, Request, header};
 use std::sync::Arc;
 
 mod attempts;
@@ -21,7 +21,7 @@ use crate::observe::access::{header_values, log_key};
 use crate::observe::metrics::ServiceMetrics;
 use crate::options::upstream::{PathTimeouts, RetryPolicy};
 use crate::options::{ServiceOptions, TargetOptions};
-use crate::proxy::body::{RequestBody, ResponseBody};
+use crate::proxy::body::{BoxedResponse, RequestBody};
 use crate::proxy::cookies::request_cookie;
 use crate::proxy::exchange::Exchange;
 use crate::proxy::pages::ErrorPages;
@@ -306,7 +306,7 @@ impl Service {
         prefix: &'a str,
         mut exchange: Exchange,
         forwarder: &'a Forwarder,
-    ) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
+    ) -> impl Future<Output = BoxedResponse> + Send + 'a {
         async move {
             let config = self.config.load().local();
             // The gates below may change the request's headers, so the path is read from the

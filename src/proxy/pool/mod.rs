@@ -47,7 +47,7 @@
 
 use arc_swap::ArcSwap;
 use http::uri::{Authority, Scheme};
-use http::{Method, Request, Response, Uri};
+use http::{Method, Request, Uri};
 use http_body::Body as _;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -60,7 +60,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
-use super::body::{RequestBody, UpstreamBody};
+use super::body::{BoxedResponse, RequestBody, ResponseBody, UpstreamBody};
 use super::http1 as own;
 use super::proxy_fields::ProxyFields;
 use super::retry::Tracked;
@@ -158,7 +158,7 @@ impl Pools {
         fields: &'a ProxyFields<'a>,
         reuse: Reuse,
         answer_within: Option<Duration>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + 'a {
+    ) -> impl Future<Output = Result<BoxedResponse, UpstreamError>> + Send + 'a {
         async move {
             let target = self.target(host);
             // Our own connection takes every request it can: one without a body to stream,
@@ -195,7 +195,7 @@ impl Pools {
         host: &'a Authority,
         reuse: Reuse,
         answer_within: Option<Duration>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, UpstreamError>> + Send + 'a {
+    ) -> impl Future<Output = Result<BoxedResponse, UpstreamError>> + Send + 'a {
         async move {
             let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
             loop {
@@ -218,7 +218,8 @@ impl Pools {
                             && head.request_bytes <= KEEP_HEAD_LIMIT
                             && head.bytes <= KEEP_HEAD_LIMIT;
                         let response = own::body::response(head, conn);
-                        return Ok(response.map(UpstreamBody::Own));
+                        let body = |b| ResponseBody::stream(UpstreamBody::Own(b));
+                        return Ok(Box::new(response.map(body)));
                     }
                     // Not a byte of it was written: the reused connection was closing.
                     Err(own::SendError::Unsent(_)) if reused => continue,
@@ -239,7 +240,7 @@ impl Pools {
         host: &Authority,
         reuse: Reuse,
         answer_within: Option<Duration>,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+    ) -> Result<BoxedResponse, UpstreamError> {
         // hyper keeps a connection's buffers at the largest head they held: one whose request
         // or response head was large closes after its exchange instead of idling.
         let keep =
@@ -269,7 +270,8 @@ impl Pools {
                     if keep && head_bytes(response.headers()) <= KEEP_HEAD_LIMIT {
                         target.clone().give_back(sender, conn.home);
                     }
-                    return Ok(response.map(UpstreamBody::Hyper));
+                    let body = |b| ResponseBody::stream(UpstreamBody::Hyper(b));
+                    return Ok(Box::new(response.map(body)));
                 }
                 Err(mut e) => match e.take_message() {
                     // Not a byte of it was written: the reused connection was closing.

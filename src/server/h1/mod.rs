@@ -42,11 +42,11 @@ use super::limits::Timeouts;
 use super::shutdown::DrainWait;
 use super::shutdown::FIRST_REQUEST_WAIT;
 use super::{Drain, FirstRequest, Heard, Proxy, handle, log_expired};
-use crate::proxy::body::{RequestBody, ResponseBody};
+use crate::proxy::body::{BoxedResponse, RequestBody};
 use crate::raw_tcp;
 use crate::recycle::Recycled;
 use crate::service::Conn;
-use http::{Request, Response};
+use http::Request;
 use request::Parsed;
 use response::Asked;
 
@@ -99,7 +99,7 @@ pub trait Respond: Clone + Send + Sync + 'static {
         &'a self,
         request: &'a mut Request<RequestBody>,
         conn: Conn,
-    ) -> impl Future<Output = Response<ResponseBody>> + Send + 'a;
+    ) -> impl Future<Output = BoxedResponse> + Send + 'a;
 }
 
 /// The HTTP port's answer: the pipeline's.
@@ -108,7 +108,7 @@ impl Respond for Arc<Proxy> {
         &'a self,
         request: &'a mut Request<RequestBody>,
         conn: Conn,
-    ) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
+    ) -> impl Future<Output = BoxedResponse> + Send + 'a {
         handle(self, request, conn)
     }
 }
@@ -246,7 +246,7 @@ pub fn serve<S: Duplex, R: Respond>(
 /// may carry another request. On the heap, in a block the thread reuses
 /// ([`Recycled`]): a connection's task holds only what it needs between requests.
 fn begin<'a, R: Respond>(
-    request: Request<RequestBody>,
+    mut request: Request<RequestBody>,
     keep_alive: bool,
     respond: &'a R,
     conn: Conn,
@@ -264,11 +264,10 @@ fn begin<'a, R: Respond>(
         ..conn
     };
     Recycled::new(async move {
-        // The request lives here, borrowed by the whole pipeline, until its answer comes.
-        let response = {
-            let mut request = request;
-            respond.respond(&mut request, conn).await
-        };
+        // The request lives here, borrowed by the whole pipeline, until its answer is
+        // written. (Moved into a block of its own to be dropped as the answer came, it was
+        // copied once more a request.)
+        let response = respond.respond(&mut request, conn).await;
         // As hyper: a drain begun before the head goes out says `close` in it.
         let asked = Asked {
             keep_alive: asked.keep_alive && !closing.get(),
@@ -546,7 +545,7 @@ async fn hand_over<S: Duplex, R: Respond>(
         async move {
             let mut req = req.map(RequestBody::stream);
             let response = respond.respond(&mut req, conn).await;
-            Ok::<_, Infallible>(response.map(|body| Counted::new(body, over)))
+            Ok::<_, Infallible>((*response).map(|body| Counted::new(body, over)))
         }
     });
     let io = hyper_util::rt::TokioIo::new(Noted::new(

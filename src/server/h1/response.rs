@@ -265,7 +265,7 @@ fn last_coding_is_chunked(value: &[u8]) -> bool {
 #[allow(clippy::manual_async_fn)]
 pub fn write<'a, B, W>(
     stream: &'a mut W,
-    mut response: Response<B>,
+    mut response: Box<Response<B>>,
     asked: Asked,
 ) -> impl Future<Output = bool> + 'a
 where

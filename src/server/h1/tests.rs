@@ -155,7 +155,12 @@ async fn we_write(request: &str, make: fn() -> Response<TestBody>) -> (Vec<u8>, 
         panic!("not ours");
     };
     let (mut client, mut server) = tokio::io::duplex(1 << 20);
-    let again = response::write(&mut server, make(), Asked::of(&request, keep_alive)).await;
+    let again = response::write(
+        &mut server,
+        Box::new(make()),
+        Asked::of(&request, keep_alive),
+    )
+    .await;
     drop(server);
     let mut out = Vec::new();
     client.read_to_end(&mut out).await.unwrap();
@@ -301,8 +306,8 @@ impl super::Respond for Ok200 {
         &'a self,
         _request: &'a mut http::Request<crate::proxy::body::RequestBody>,
         _conn: crate::service::Conn,
-    ) -> Response<crate::proxy::body::ResponseBody> {
-        Response::new(crate::proxy::body::ResponseBody::full("ok"))
+    ) -> crate::proxy::body::BoxedResponse {
+        Box::new(Response::new(crate::proxy::body::ResponseBody::full("ok")))
     }
 }
 
@@ -394,10 +399,10 @@ impl super::Respond for Held {
         &'a self,
         _request: &'a mut http::Request<crate::proxy::body::RequestBody>,
         _conn: crate::service::Conn,
-    ) -> Response<crate::proxy::body::ResponseBody> {
+    ) -> crate::proxy::body::BoxedResponse {
         self.started.notify_one();
         self.open.notified().await;
-        Response::new(crate::proxy::body::ResponseBody::full("ok"))
+        Box::new(Response::new(crate::proxy::body::ResponseBody::full("ok")))
     }
 }
 
