@@ -903,8 +903,8 @@ version_of() { # program -> its version, or null when not installed (never fails
                 "$(jstr "$t")" "$(num "${RPS[$k]}")" "$(num "${P50[$k]}")" "$(num "${P99[$k]}")" "$(num "${C1P50[$k]}")" "$(added_c1 "$s" "$t")"
             printf '"cpu_us_per_req": %s, "cpu_percent": %s, "other_on_core_percent": %s, ' \
                 "$(num "${CPU_US[$k]}")" "$(num "${CPU_PCT[$k]}")" "$(num "${OTHER_PCT[$k]}")"
-            printf '"rounds_req_per_s": [%s], "rounds_cpu_us_per_req": [%s], ' \
-                "$(rounds_json "${RPS_R[$k]}")" "$(rounds_json "${CPU_US_R[$k]}")"
+            printf '"rounds_req_per_s": [%s], "rounds_cpu_us_per_req": [%s], "rounds_c1_p50_ms": [%s], ' \
+                "$(rounds_json "${RPS_R[$k]}")" "$(rounds_json "${CPU_US_R[$k]}")" "$(rounds_json "${C1P50_R[$k]}")"
             printf '"idle_rss_mib": %s, "load_rss_mib": %s, "idle_conns_rss_mib": %s, "idle_conns": %s, "errors": %s}' \
                 "$(mibnum "${IDLE_KB[$k]}")" "$(mibnum "${LOAD_KB[$k]}")" "$(mibnum "${CONNS_KB[$k]:-}")" "${CONNS_JSON[$k]:-null}" "${ERRS[$k]}"
         done
