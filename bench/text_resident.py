@@ -16,21 +16,12 @@ import fnmatch
 import os
 import re
 import struct
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def functions(binary):
-    syms = []
-    listing = subprocess.run(["nm", "-S", "--defined-only", binary], capture_output=True,
-                             text=True, check=True).stdout
-    for line in listing.splitlines():
-        p = line.split()
-        if len(p) == 4 and p[2] in "tTwW":
-            syms.append((int(p[0], 16), int(p[1], 16), p[3]))
-    return sorted(syms)
+# The symbol table is read as the script that writes the layout reads it.
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from hot_text import functions  # noqa: E402
 
 
 def placed_region(syms, layout):
