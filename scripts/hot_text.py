@@ -57,6 +57,9 @@ class Backend(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
+        # As nginx and most app servers answer: the proxy's look-up of this header's
+        # tokens is on the request path.
+        self.send_header("Connection", "keep-alive")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)

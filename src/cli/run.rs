@@ -158,14 +158,16 @@ fn max_header_size(s: &str) -> Result<usize, String> {
 pub fn run(args: RunArgs) -> i32 {
     let _log_guard = crate::observe::log::init(args.debug);
     // The control side (control socket, deploys and health checks, scale-to-zero, ACME,
-    // metrics, HTTP/3): light work, two threads whatever the host. The listeners have
-    // their own runtimes (server/workers.rs).
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // metrics, HTTP/3's endpoint): light work, on this thread whatever the host. The
+    // listeners have their own runtimes (server/workers.rs). One thread, not a pool of
+    // two: idle RSS is 0.8 MiB less (two threads' stacks and malloc arenas, and libm,
+    // which only the work-stealing scheduler's `powf` needed; bench/README.md).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        // Access lines wait in a per-worker batch until the worker goes idle (or the batch
+        // Access lines wait in this thread's batch until it goes idle (or the batch
         // fills): one hand-over to the log writer per burst instead of one per request.
         .on_thread_park(crate::observe::log::thread_idle)
+        // The blocking pool's threads (name lookups, file writes).
         .on_thread_stop(crate::observe::log::thread_stopping)
         .build()
     {
@@ -189,6 +191,7 @@ pub fn run(args: RunArgs) -> i32 {
     workers.stop();
     threads.join();
     drop(runtime);
+    crate::observe::log::thread_stopping();
     match result {
         Ok(()) => 0,
         Err(e) => {
@@ -417,6 +420,7 @@ async fn serve(args: RunArgs, workers: Workers) -> Result<(), String> {
             endpoint,
             proxy.clone(),
             shutdown.clone(),
+            workers.clone(),
         )));
     }
     let https_shared = crate::server::https::Https::new(proxy, tls_config, alt_svc);

@@ -118,7 +118,10 @@ pub async fn prepare(router: &Router, sni: Option<&str>) {
                     .flatten()
                     .map(|t| t.address().to_string())
             };
-            if let Err(e) = check.check(&name, &local_target, &router.tls().probe).await {
+            if let Err(e) = check
+                .check(&name, &local_target, router.tls().probe())
+                .await
+            {
                 tracing::info!(host = %name, error = %e, "TLS handshake refused");
                 return;
             }

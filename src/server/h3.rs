@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::workers::Workers;
 use super::{Proxy, Shutdown, handle, normalize};
 use crate::proxy::body::RequestBody;
 use crate::service::Conn;
@@ -54,8 +55,16 @@ pub fn bind(
         .map_err(|e| format!("listen udp :{port}: {e}"))
 }
 
-pub async fn serve(endpoint: quinn::Endpoint, proxy: Arc<Proxy>, shutdown: Arc<Shutdown>) {
+/// Accepts QUIC connections on `endpoint` (its packets are handled where this runs, the
+/// control runtime) and serves each on the next worker in turn, as a TCP connection is.
+pub async fn serve(
+    endpoint: quinn::Endpoint,
+    proxy: Arc<Proxy>,
+    shutdown: Arc<Shutdown>,
+    workers: Workers,
+) {
     let stop = shutdown.stopping();
+    let mut next = 0usize;
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => i,
@@ -63,7 +72,8 @@ pub async fn serve(endpoint: quinn::Endpoint, proxy: Arc<Proxy>, shutdown: Arc<S
         };
         let Some(incoming) = incoming else { break };
         let proxy = proxy.clone();
-        tokio::spawn(async move {
+        next = next.wrapping_add(1);
+        workers.spawn(next, async move {
             let connection = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {

@@ -16,7 +16,8 @@
 //! another waits [`Share::YIELD`] before each accept, which lets the other take them.
 //!
 //! The control side (control socket, deploys and health checks, scale-to-zero, ACME,
-//! metrics, HTTP/3) stays on the main multi-threaded runtime.
+//! metrics, HTTP/3's UDP endpoint) runs on a single-threaded runtime of its own, on the
+//! main thread (cli/run.rs); HTTP/3's connections are served on the workers.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -43,7 +44,7 @@ pub struct Threads(Vec<std::thread::JoinHandle<()>>);
 impl Workers {
     /// How many workers `run` starts: `TOKIO_WORKER_THREADS` when it is a positive number,
     /// else one per CPU this process may run on (its affinity mask and cgroup quota).
-    /// The control runtime keeps its two threads either way.
+    /// The control runtime keeps its one thread either way.
     pub fn default_count() -> usize {
         std::env::var("TOKIO_WORKER_THREADS")
             .ok()
@@ -100,6 +101,16 @@ impl Workers {
         for run in runs {
             let _ = run.await;
         }
+    }
+
+    /// Runs `future` on worker `n` (modulo their number): how HTTP/3 connections, which the
+    /// control runtime's endpoint accepts, are spread over the workers.
+    pub fn spawn<F>(&self, n: usize, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.runtimes[n % self.runtimes.len()].spawn(future)
     }
 
     pub fn count(&self) -> usize {

@@ -224,7 +224,7 @@ impl AcmeManager {
         if let Some(a) = slot.as_ref() {
             return Ok(a.clone());
         }
-        let builder = || Account::builder_with_http(Box::new(self.settings.http.clone()));
+        let builder = || Account::builder_with_http(Box::new(self.settings.http().clone()));
         let account = match self.cache.get(ACCOUNT_KEY_FILE) {
             Some(pem) => {
                 let pkcs8 = account_key_pkcs8(&pem)?;

@@ -9,6 +9,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
+use std::collections::HashSet;
+use std::sync::OnceLock;
 
 pub type AcmeHttp = Client<HttpsConnector<HttpConnector>, instant_acme::BodyWrapper<Bytes>>;
 pub type ProbeHttp = Client<HttpsConnector<HttpConnector>, http_body_util::Empty<Bytes>>;
@@ -23,11 +25,21 @@ const SYSTEM_BUNDLES: &[&str] = &[
     "/etc/ssl/cert.pem",
 ];
 
+/// The roots this process trusts: the system's (as rustls-native-certs finds them), the
+/// first system bundle Go would read, and `SSL_CERT_FILE`, each certificate once (the same
+/// bundle is usually found by more than one of these: the store held each root three times).
 pub fn root_store() -> rustls::RootCertStore {
     let mut roots = rustls::RootCertStore::empty();
+    let mut seen: HashSet<CertificateDer<'static>> = HashSet::new();
+    let mut add = |cert: CertificateDer<'static>| {
+        if !seen.contains(&cert) {
+            let _ = roots.add(cert.clone());
+            seen.insert(cert);
+        }
+    };
     let native = rustls_native_certs::load_native_certs();
     for cert in native.certs {
-        let _ = roots.add(cert);
+        add(cert);
     }
     let mut files: Vec<String> = Vec::new();
     if let Some(bundle) = SYSTEM_BUNDLES
@@ -43,7 +55,7 @@ pub fn root_store() -> rustls::RootCertStore {
         match CertificateDer::pem_file_iter(&f) {
             Ok(iter) => {
                 for cert in iter.flatten() {
-                    let _ = roots.add(cert);
+                    add(cert);
                 }
             }
             Err(e) => tracing::warn!(path = %f, error = %e, "Unable to read CA certificates"),
@@ -52,26 +64,38 @@ pub fn root_store() -> rustls::RootCertStore {
     roots
 }
 
-fn connector(roots: rustls::RootCertStore) -> HttpsConnector<HttpConnector> {
-    let config = rustls::ClientConfig::builder_with_provider(super::provider())
-        .with_safe_default_protocol_versions()
-        .unwrap_or_else(|_| rustls::ClientConfig::builder())
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+/// The outbound TLS settings, made on first use (an ACME order, an on-demand check) and
+/// then shared: the roots parsed take about 0.2 MiB, which a proxy that never asks an
+/// ACME server anything should not hold, and which every client shares (a clone of the
+/// settings shares their verifier).
+fn client_config() -> rustls::ClientConfig {
+    static CONFIG: OnceLock<rustls::ClientConfig> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            rustls::ClientConfig::builder_with_provider(super::provider())
+                .with_safe_default_protocol_versions()
+                .unwrap_or_else(|_| rustls::ClientConfig::builder())
+                .with_root_certificates(root_store())
+                .with_no_client_auth()
+        })
+        .clone()
+}
+
+fn connector() -> HttpsConnector<HttpConnector> {
     hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config)
+        .with_tls_config(client_config())
         .https_or_http()
         .enable_http1()
         .enable_http2()
         .build()
 }
 
-pub fn acme_http(roots: rustls::RootCertStore) -> AcmeHttp {
-    Client::builder(TokioExecutor::new()).build(connector(roots))
+pub fn acme_http() -> AcmeHttp {
+    Client::builder(TokioExecutor::new()).build(connector())
 }
 
-pub fn probe_http(roots: rustls::RootCertStore) -> ProbeHttp {
+pub fn probe_http() -> ProbeHttp {
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(4)
-        .build(connector(roots))
+        .build(connector())
 }

@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub mod acme;
 pub mod cache;
@@ -33,10 +33,16 @@ pub struct AcmeSettings {
     /// The certificate cache of services that name none: `certs/` in the server's data
     /// directory (`run --data-dir`, fork F31).
     pub cache_dir: PathBuf,
-    pub http: client::AcmeHttp,
+    /// Made on the first ACME request ([`AcmeSettings::http`]).
+    http: OnceLock<client::AcmeHttp>,
 }
 
 impl AcmeSettings {
+    /// The HTTPS client that talks to ACME servers.
+    pub fn http(&self) -> &client::AcmeHttp {
+        self.http.get_or_init(client::acme_http)
+    }
+
     /// Where a service's certificates are cached. The CLI names the default cache as
     /// upstream's does (`$HOME/.config/kamal-proxy/certs`, so a Go proxy reading the state
     /// file back finds it); the server's data directory (`run --data-dir`) decides where
@@ -91,7 +97,8 @@ impl CertSource {
 pub struct TlsContext {
     pub settings: Arc<AcmeSettings>,
     pub challenges: Arc<ChallengeStore>,
-    pub probe: client::ProbeHttp,
+    /// Made on the first on-demand check ([`TlsContext::probe`]).
+    probe: OnceLock<client::ProbeHttp>,
     managers: Mutex<HashMap<DirCache, Arc<AcmeManager>>>,
     still_wanted: Arc<dyn Fn(&str) -> bool + Send + Sync>,
 }
@@ -103,19 +110,23 @@ impl TlsContext {
         cache_dir: PathBuf,
         still_wanted: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     ) -> Arc<TlsContext> {
-        let roots = client::root_store();
         Arc::new(TlsContext {
             settings: Arc::new(AcmeSettings {
                 default_directory,
                 email,
                 cache_dir,
-                http: client::acme_http(roots.clone()),
+                http: OnceLock::new(),
             }),
             challenges: Arc::new(ChallengeStore::default()),
-            probe: client::probe_http(roots),
+            probe: OnceLock::new(),
             managers: Mutex::new(HashMap::new()),
             still_wanted,
         })
+    }
+
+    /// The HTTPS client that asks `--tls-on-demand-url` endpoints.
+    pub fn probe(&self) -> &client::ProbeHttp {
+        self.probe.get_or_init(client::probe_http)
     }
 
     /// The certificate source a TLS service asks for, with upstream's deploy errors.
