@@ -26,21 +26,9 @@ const SYSTEM_BUNDLES: &[&str] = &[
 ];
 
 /// The roots this process trusts: the system's (as rustls-native-certs finds them), the
-/// first system bundle Go would read, and `SSL_CERT_FILE`, each certificate once (the same
-/// bundle is usually found by more than one of these: the store held each root three times).
+/// first system bundle Go would read, and `SSL_CERT_FILE`.
 pub fn root_store() -> rustls::RootCertStore {
-    let mut roots = rustls::RootCertStore::empty();
-    let mut seen: HashSet<CertificateDer<'static>> = HashSet::new();
-    let mut add = |cert: CertificateDer<'static>| {
-        if !seen.contains(&cert) {
-            let _ = roots.add(cert.clone());
-            seen.insert(cert);
-        }
-    };
-    let native = rustls_native_certs::load_native_certs();
-    for cert in native.certs {
-        add(cert);
-    }
+    let native = rustls_native_certs::load_native_certs().certs;
     let mut files: Vec<String> = Vec::new();
     if let Some(bundle) = SYSTEM_BUNDLES
         .iter()
@@ -51,14 +39,28 @@ pub fn root_store() -> rustls::RootCertStore {
     if let Some(f) = std::env::var_os("SSL_CERT_FILE").filter(|v| !v.is_empty()) {
         files.push(f.to_string_lossy().into_owned());
     }
-    for f in files {
-        match CertificateDer::pem_file_iter(&f) {
-            Ok(iter) => {
-                for cert in iter.flatten() {
-                    add(cert);
-                }
+    let from_files = files
+        .into_iter()
+        .flat_map(|f| match CertificateDer::pem_file_iter(&f) {
+            Ok(iter) => iter.flatten().collect(),
+            Err(e) => {
+                tracing::warn!(path = %f, error = %e, "Unable to read CA certificates");
+                Vec::new()
             }
-            Err(e) => tracing::warn!(path = %f, error = %e, "Unable to read CA certificates"),
+        });
+    distinct_roots(native.into_iter().chain(from_files))
+}
+
+/// A store of `certs`, each once: the same bundle is usually found by two or three of
+/// [`root_store`]'s sources, and the store kept every copy (0.1 MiB each).
+fn distinct_roots(
+    certs: impl IntoIterator<Item = CertificateDer<'static>>,
+) -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    let mut seen = HashSet::new();
+    for cert in certs {
+        if seen.insert(cert.clone()) {
+            let _ = roots.add(cert);
         }
     }
     roots
@@ -98,4 +100,26 @@ pub fn probe_http() -> ProbeHttp {
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(4)
         .build(connector())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca(name: &str) -> CertificateDer<'static> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).unwrap().der().clone()
+    }
+
+    #[test]
+    fn a_root_found_by_several_sources_is_kept_once() {
+        let (a, b) = (ca("root a"), ca("root b"));
+        let roots = distinct_roots([a.clone(), b.clone(), a.clone(), b, a]);
+        assert_eq!(roots.len(), 2);
+    }
 }
