@@ -160,7 +160,7 @@ pub fn run(args: RunArgs) -> i32 {
     // The control side (control socket, deploys and health checks, scale-to-zero, ACME,
     // metrics, HTTP/3's endpoint): light work, on this thread whatever the host. The
     // listeners have their own runtimes (server/workers.rs). One thread, not a pool of
-    // two: idle RSS is 0.8 MiB less (two threads' stacks and malloc arenas, and libm,
+    // two: idle RSS is ~0.65 MiB less (two threads' stacks and malloc arenas, and libm,
     // which only the work-stealing scheduler's `powf` needed; bench/README.md).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
