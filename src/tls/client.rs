@@ -27,7 +27,7 @@ const SYSTEM_BUNDLES: &[&str] = &[
 
 /// The roots this process trusts: the system's (as rustls-native-certs finds them), the
 /// first system bundle Go would read, and `SSL_CERT_FILE`.
-pub fn root_store() -> rustls::RootCertStore {
+fn root_store() -> rustls::RootCertStore {
     let native = rustls_native_certs::load_native_certs().certs;
     let mut files: Vec<String> = Vec::new();
     if let Some(bundle) = SYSTEM_BUNDLES
@@ -67,7 +67,7 @@ fn distinct_roots(
 }
 
 /// The outbound TLS settings, made on first use (an ACME order, an on-demand check) and
-/// then shared: the roots parsed take about 0.2 MiB, which a proxy that never asks an
+/// then shared: the roots parsed take about 0.1 MiB, which a proxy that never asks an
 /// ACME server anything should not hold, and which every client shares (a clone of the
 /// settings shares their verifier).
 fn client_config() -> rustls::ClientConfig {
