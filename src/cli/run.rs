@@ -191,6 +191,8 @@ pub fn run(args: RunArgs) -> i32 {
     workers.stop();
     threads.join();
     drop(runtime);
+    // The runtime ran on this thread, where `on_thread_stop` does not fire: hand over
+    // this thread's last access lines here.
     crate::observe::log::thread_stopping();
     match result {
         Ok(()) => 0,
